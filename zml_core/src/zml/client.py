@@ -1,0 +1,417 @@
+"""``zml.Client`` and ``zml.AsyncClient``: thin drivers over :mod:`zml.dispatch`.
+
+Everything both clients do alike (finding the configuration, validating policies and
+arguments, routing, failover decisions) happens once, in the shared base and the dispatcher.
+What is left here is what differs between sync and async: sending, waiting and sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx2
+from pydantic import ValidationError
+
+from .config import EMPTY_REGISTRY, Registry, activate, discover_path, load_registry
+from .dispatch import MAX_ATTEMPTS, Call, Dispatcher, Step, Timeouts, Wait
+from .errors import InvalidRequestError, NodeError, NodeProtocolError
+from .fleet import Fleet, add_capacity_waiter, remove_capacity_waiter
+from .policy import Policy, PolicyRef, resolve_policy, validate_policy_tables
+from .streaming import AsyncStream, Stream
+from .transport import check_status, decode_completion, map_transport_error
+from .types import ChatCompletion, RoutingInfo
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = ["NOT_GIVEN", "AsyncClient", "Client", "NotGiven"]
+
+ENV_API_KEY = "ZML_API_KEY"
+DEFAULT_TIMEOUT = 600.0
+
+
+class NotGiven:
+    """The type of :data:`NOT_GIVEN`: "use the client's default", so that None can mean None."""
+
+    _instance: NotGiven | None = None
+
+    def __new__(cls) -> NotGiven:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+NOT_GIVEN = NotGiven()
+
+_LIMITS = httpx2.Limits(max_connections=None, max_keepalive_connections=256)
+
+
+class _BaseClient:
+    """Configuration, policies and argument handling shared by both clients."""
+
+    def __init__(
+        self,
+        api_key: str | None,
+        config: str | os.PathLike[str] | Registry | None,
+        timeout: float | Timeouts | None,
+        max_attempts: int,
+    ) -> None:
+        if api_key is None:
+            api_key = os.environ.get(ENV_API_KEY)
+        if api_key is not None and not isinstance(api_key, str):
+            raise InvalidRequestError(
+                f"api_key must be a string, got {type(api_key).__name__}", param="api_key"
+            )
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise InvalidRequestError(
+                f"max_attempts must be a positive integer, got {max_attempts!r}",
+                param="max_attempts",
+            )
+        if isinstance(config, Registry):
+            registry = config
+        else:
+            path = discover_path(config)
+            registry = load_registry(path) if path is not None else EMPTY_REGISTRY
+        policies = validate_policy_tables(registry)
+        activate(registry)
+        self._dispatcher = Dispatcher(
+            registry,
+            policies,
+            api_key=api_key,
+            timeouts=Timeouts.of(timeout),
+            max_attempts=max_attempts,
+        )
+
+    def __repr__(self) -> str:
+        reg = self._dispatcher.registry
+        return (
+            f"{type(self).__name__}(config={reg.source!r}, families={list(reg.families)}, "
+            f"nodes={len(reg.nodes)})"
+        )
+
+    @property
+    def registry(self) -> Registry:
+        """The fleet registry this client routes over (families, nodes, policy tables)."""
+        return self._dispatcher.registry
+
+    @property
+    def fleet(self) -> Fleet:
+        """Live fleet state: per-node load, health, circuit, latency estimates."""
+        return self._dispatcher.fleet
+
+    @property
+    def policies(self) -> Mapping[str, Policy]:
+        """The named policies this client knows (``[policies.NAME]`` and policy sources)."""
+        return self._dispatcher.policies
+
+    def policy(self, ref: PolicyRef) -> Policy:
+        """Resolve a policy name, dict or Policy against this client's registry."""
+        policy = resolve_policy(ref, self.registry, self.policies)
+        assert policy is not None
+        return policy
+
+    def _call(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        policy: PolicyRef | None,
+        accelerator: str | None,
+        params: dict[str, Any],
+        stream: bool,
+        metadata: Mapping[str, Any] | None,
+        timeout: float | Timeouts | NotGiven | None,
+    ) -> Call:
+        timeouts = (
+            self._dispatcher.timeouts if isinstance(timeout, NotGiven) else Timeouts.of(timeout)
+        )
+        if "stream" in params:
+            raise InvalidRequestError(
+                "pass no 'stream' parameter: use infer() for one answer, infer_stream() to stream",
+                param="stream",
+            )
+        resolved = resolve_policy(policy, self.registry, self.policies)
+        if resolved is not None and accelerator is not None:
+            raise InvalidRequestError(
+                "pass either policy= or accelerator=, not both: accelerator= pins one family "
+                "(the 0.2 style), a policy gives a chain",
+                param="accelerator",
+            )
+        return self._dispatcher.start(
+            model=model,
+            messages=messages,
+            policy=resolved,
+            accelerator=accelerator,
+            params=params,
+            stream=stream,
+            metadata=metadata,
+            timeouts=timeouts,
+        )
+
+
+def _completion(data: dict[str, Any], routing: RoutingInfo, node_id: str) -> ChatCompletion:
+    data["routing"] = routing
+    try:
+        return ChatCompletion.model_validate(data)
+    except ValidationError as exc:
+        raise NodeProtocolError(
+            f"node {node_id!r} returned a malformed chat completion: {exc.errors()[0]['msg']}",
+            node_id=node_id,
+            routing=routing,
+        ) from None
+
+
+class Client(_BaseClient):
+    """The synchronous zml client.
+
+    Args:
+        api_key: sent to nodes as a Bearer token (default: ``$ZML_API_KEY``); never shown in
+            reprs, logs, errors or routing metadata.
+        config: a ``zml.toml`` path (default: ``$ZML_CONFIG``, else ``./zml.toml``) or a Registry.
+        timeout: the overall deadline per request in seconds, or a :class:`zml.Timeouts`.
+        max_attempts: dispatches per request at most, counting failovers.
+        http_client: an ``httpx2.Client`` to send with (its transport, proxies, TLS settings).
+
+    Raises:
+        PolicyConfigError: the configuration or one of its policies is invalid.
+    """
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        *,
+        config: str | os.PathLike[str] | Registry | None = None,
+        timeout: float | Timeouts | None = DEFAULT_TIMEOUT,
+        max_attempts: int = MAX_ATTEMPTS,
+        http_client: httpx2.Client | None = None,
+    ) -> None:
+        super().__init__(api_key, config, timeout, max_attempts)
+        self._own_http = http_client is None
+        self._http = http_client or httpx2.Client(limits=_LIMITS)
+
+    def infer(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        policy: PolicyRef | None = None,
+        accelerator: str | None = None,
+        timeout: float | Timeouts | NotGiven | None = NOT_GIVEN,
+        metadata: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> ChatCompletion:
+        """Send a chat completion to the node the policy picks; return its answer.
+
+        Args:
+            model: the model name, as the nodes serve it.
+            messages: the chat, as a list of ``{"role": ..., "content": ...}`` mappings.
+            policy: a :class:`Policy`, the name of a configured policy, or a dict of Policy
+                fields. None: any healthy node serving the model (the 0.2 behaviour).
+            accelerator: pin one family, without a policy (the 0.2 style).
+            timeout: this request's deadline, overriding the client's.
+            metadata: free-form labels (team, service) passed to every plugin hook.
+            **params: OpenAI chat parameters passed through (temperature, max_tokens, stop,
+                tools, tool_choice, response_format, seed, ...; others in ``extra_body``).
+
+        Returns:
+            The completion; ``response.routing`` says where it went and why.
+
+        Raises:
+            RoutingError: no node could take it. PolicyConfigError: the policy is invalid.
+            InvalidRequestError: a bad argument. NodeError subclasses: the node failed.
+        """
+        call = self._call(model, messages, policy, accelerator, params, False, metadata, timeout)
+        try:
+            while True:
+                step = call.next()
+                if isinstance(step, Wait):
+                    self._wait(step)
+                    continue
+                call.sent(step)
+                try:
+                    data = self._post(call, step)
+                except NodeError as exc:
+                    call.failed(step, exc)
+                    continue
+                return _completion(data, call.succeeded(step), step.node.id)
+        except BaseException:
+            call.abandoned()
+            raise
+
+    def infer_stream(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        policy: PolicyRef | None = None,
+        accelerator: str | None = None,
+        timeout: float | Timeouts | NotGiven | None = NOT_GIVEN,
+        metadata: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> Stream:
+        """Like :meth:`infer`, streamed: returns a :class:`Stream` of chunks, already dispatched.
+
+        Failover happens only before the first chunk; ``stream.routing`` is set on return.
+        Leaving the loop early or calling ``close()`` cancels the request on the node.
+        """
+        call = self._call(model, messages, policy, accelerator, params, True, metadata, timeout)
+        return Stream(call, self._http, self._wait)
+
+    def _post(self, call: Call, step: Step) -> dict[str, Any]:
+        try:
+            r = self._http.post(step.url, content=call.body, headers=call.headers,
+                                timeout=step.timeout)
+        except httpx2.HTTPError as exc:
+            raise map_transport_error(exc, step.node.id) from exc
+        check_status(r.status_code, r.headers, r.content, step.node.id)
+        call.first_token(step)
+        return decode_completion(r.content, step.node.id)
+
+    def _wait(self, wait: Wait) -> None:
+        delay = max(0.0, wait.until - time.monotonic())
+        if not wait.for_capacity:
+            time.sleep(delay)
+            return
+        event = threading.Event()
+        add_capacity_waiter(event.set)
+        try:
+            event.wait(delay)
+        finally:
+            remove_capacity_waiter(event.set)
+
+    def close(self) -> None:
+        """Close the connections this client opened (not those of a passed ``http_client``)."""
+        if self._own_http:
+            self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class AsyncClient(_BaseClient):
+    """The asyncio zml client: the same interface as :class:`Client`, with ``await``.
+
+    Use it as ``async with zml.AsyncClient(...) as client`` so its connections are closed.
+    Cancelling a task that awaits ``infer`` (or iterates ``infer_stream``) closes the
+    connection, and the node drops the request. Arguments as for :class:`Client`, with an
+    ``httpx2.AsyncClient`` for ``http_client``.
+    """
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        *,
+        config: str | os.PathLike[str] | Registry | None = None,
+        timeout: float | Timeouts | None = DEFAULT_TIMEOUT,
+        max_attempts: int = MAX_ATTEMPTS,
+        http_client: httpx2.AsyncClient | None = None,
+    ) -> None:
+        super().__init__(api_key, config, timeout, max_attempts)
+        self._own_http = http_client is None
+        self._http = http_client or httpx2.AsyncClient(limits=_LIMITS)
+
+    async def infer(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        policy: PolicyRef | None = None,
+        accelerator: str | None = None,
+        timeout: float | Timeouts | NotGiven | None = NOT_GIVEN,
+        metadata: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> ChatCompletion:
+        """Send a chat completion to the node the policy picks; see :meth:`Client.infer`."""
+        call = self._call(model, messages, policy, accelerator, params, False, metadata, timeout)
+        try:
+            while True:
+                step = call.next()
+                if isinstance(step, Wait):
+                    await self._wait(step)
+                    continue
+                call.sent(step)
+                try:
+                    data = await self._post(call, step)
+                except NodeError as exc:
+                    call.failed(step, exc)
+                    continue
+                return _completion(data, call.succeeded(step), step.node.id)
+        except BaseException:
+            call.abandoned()
+            raise
+
+    def infer_stream(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        policy: PolicyRef | None = None,
+        accelerator: str | None = None,
+        timeout: float | Timeouts | NotGiven | None = NOT_GIVEN,
+        metadata: Mapping[str, Any] | None = None,
+        **params: Any,
+    ) -> AsyncStream:
+        """Stream a chat completion: ``async for chunk in client.infer_stream(...)``.
+
+        Arguments are validated at once; the request is dispatched on first iteration (or
+        ``async with``). See :meth:`Client.infer_stream`.
+        """
+        call = self._call(model, messages, policy, accelerator, params, True, metadata, timeout)
+        return AsyncStream(call, self._http, self._wait)
+
+    async def _post(self, call: Call, step: Step) -> dict[str, Any]:
+        try:
+            r = await self._http.post(step.url, content=call.body, headers=call.headers,
+                                      timeout=step.timeout)
+        except httpx2.HTTPError as exc:
+            raise map_transport_error(exc, step.node.id) from exc
+        check_status(r.status_code, r.headers, r.content, step.node.id)
+        call.first_token(step)
+        return decode_completion(r.content, step.node.id)
+
+    async def _wait(self, wait: Wait) -> None:
+        delay = max(0.0, wait.until - time.monotonic())
+        if not wait.for_capacity:
+            await asyncio.sleep(delay)
+            return
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                loop.call_soon_threadsafe(event.set)
+
+        add_capacity_waiter(wake)
+        try:
+            await asyncio.wait_for(event.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            remove_capacity_waiter(wake)
+
+    async def aclose(self) -> None:
+        """Close the connections this client opened (not those of a passed ``http_client``)."""
+        if self._own_http:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()

@@ -1,0 +1,555 @@
+"""One logical request, from its arguments to exactly one response or one error.
+
+The attempt loop is written once, here, without I/O. A :class:`Call` answers "what next?":
+a :class:`Step` (send to this node, a slot is reserved) or a :class:`Wait` (the policy queues
+on saturation, or a node asked to retry later); the driver reports back what happened. The sync
+``Client`` and async ``AsyncClient`` are drivers of a dozen lines each that do the sending and
+the waiting.
+
+Failover rules (the contract):
+
+* A retryable failure (connection refused/reset, timeout before the first byte, 429, 500, 502,
+  503, 504) *before the first token reached the caller* marks the node (health, circuit) and
+  routes again, excluding the nodes already tried, up to ``max_attempts`` dispatches within the
+  request's deadline. Every failed attempt is listed in ``routing.attempts``.
+* 429 honours ``Retry-After``: the node is skipped until then; if it is the only candidate left
+  and the time falls within the deadline, the call waits and tries it again.
+* 400, 401, 403, 404 and 422 are never retried: the typed error is raised at once.
+* After the first token, nothing is retried: a broken stream raises IncompleteStreamError.
+* When attempts run out, :class:`RoutingError` with ``final_error`` ``"attempts_exhausted"``
+  (context key ``attempts``), chained from the last node error.
+
+``final_error`` values: ``no_viable_node`` (routing found no node), ``queue_timeout`` (waited
+``max_queue_ms`` in the saturation queue), ``queue_full`` (the saturation queue is at
+``QUEUE_LIMIT``), ``attempts_exhausted`` (every attempt failed).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+
+from . import routing
+from .config import Registry, suggest
+from .errors import (
+    InvalidRequestError,
+    NodeError,
+    RateLimitError,
+    RoutingError,
+    ZMLTimeoutError,
+)
+from .fleet import STATE_LOCK, Fleet, NodeState, Reservation, notify_capacity
+from .policy import Policy
+from .transport import auth_headers, completion_url, encode_body
+from .types import Attempt, RoutingInfo
+
+__all__ = [
+    "FINAL_ERRORS",
+    "MAX_ATTEMPTS",
+    "OPENAI_PARAMS",
+    "QUEUE_LIMIT",
+    "Call",
+    "Dispatcher",
+    "Step",
+    "Timeouts",
+    "Wait",
+    "validate_messages",
+]
+
+MAX_ATTEMPTS = 3
+QUEUE_LIMIT = 1024
+QUEUE_RECHECK_S = 0.25
+FINAL_ERRORS = ("no_viable_node", "queue_timeout", "queue_full", "attempts_exhausted")
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+OPENAI_PARAMS = frozenset(
+    {
+        "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "n", "seed",
+        "tools", "tool_choice", "parallel_tool_calls", "response_format", "presence_penalty",
+        "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "user", "stream_options",
+        "reasoning_effort", "modalities", "prediction", "service_tier", "store", "extra_body",
+    }
+)
+"""Parameters passed through to the node; anything else is a typo and is refused."""
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Timeouts in seconds (None: no limit).
+
+    Attributes:
+        total: the overall deadline of a request: queueing, every attempt, and the whole stream.
+        connect: establishing a connection to a node.
+        first_token: from sending to the first byte of the answer (per attempt).
+        idle: between two chunks of a stream.
+    """
+
+    total: float | None = 600.0
+    connect: float = 5.0
+    first_token: float | None = None
+    idle: float | None = 60.0
+
+    @classmethod
+    def of(cls, value: float | Timeouts | None) -> Timeouts:
+        """Accept a number (the overall deadline), a Timeouts, or None (no overall deadline)."""
+        if isinstance(value, Timeouts):
+            return value
+        if value is None:
+            return cls(total=None)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise InvalidRequestError(
+                f"timeout must be a positive number of seconds or a zml.Timeouts, got {value!r}",
+                param="timeout",
+            )
+        return cls(total=float(value))
+
+
+@dataclass
+class Step:
+    """Send the request to ``node``: a slot is reserved for it."""
+
+    node: NodeState
+    reservation: Reservation
+    routing: RoutingInfo
+    url: str
+    timeout: httpx2.Timeout
+    sent_at: float = 0.0
+    first_token_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Wait until ``until`` (monotonic seconds), or until capacity frees if ``for_capacity``."""
+
+    until: float
+    for_capacity: bool
+
+
+def validate_messages(messages: object) -> list[dict[str, Any]]:
+    """Check ``messages`` is a non-empty list of role/content mappings; return it as dicts."""
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise InvalidRequestError(
+            "messages must be a list of {'role': ..., 'content': ...} mappings, got "
+            f"{type(messages).__name__}; e.g. messages=[{{'role': 'user', 'content': 'Hello'}}]",
+            param="messages",
+        )
+    if not messages:
+        raise InvalidRequestError("messages must not be empty", param="messages")
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, Mapping):
+            raise InvalidRequestError(
+                f"messages[{i}] must be a mapping with 'role' and 'content', got "
+                f"{type(msg).__name__}",
+                param=f"messages[{i}]",
+            )
+        role = msg.get("role")
+        if role not in ROLES:
+            raise InvalidRequestError(
+                f"messages[{i}].role = {role!r} is not a chat role; use one of "
+                + ", ".join(sorted(ROLES)),
+                param=f"messages[{i}].role",
+            )
+        content = msg.get("content")
+        if content is None:
+            if not (role == "assistant" and msg.get("tool_calls")):
+                raise InvalidRequestError(
+                    f"messages[{i}] ({role}) has no 'content'; only an assistant message "
+                    "with tool_calls may omit it",
+                    param=f"messages[{i}].content",
+                )
+        elif not isinstance(content, str | list):
+            raise InvalidRequestError(
+                f"messages[{i}].content must be a string or a list of content parts, got "
+                f"{type(content).__name__}",
+                param=f"messages[{i}].content",
+            )
+        out.append(dict(msg))
+    return out
+
+
+def _check_params(params: Mapping[str, Any]) -> None:
+    for key in params:
+        if key not in OPENAI_PARAMS:
+            hint = suggest(key, OPENAI_PARAMS)
+            raise InvalidRequestError(
+                f"unknown parameter {key!r}"
+                + (f"; did you mean {hint!r}?" if hint else "")
+                + "; pass other node-specific fields in extra_body={...}",
+                param=key,
+            )
+
+
+class Dispatcher:
+    """What both clients share: the registry, the fleet state, named policies and settings."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        policies: Mapping[str, Policy],
+        *,
+        api_key: str | None,
+        timeouts: Timeouts,
+        max_attempts: int = MAX_ATTEMPTS,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.registry = registry
+        self.policies = policies
+        self.fleet = Fleet(registry)
+        self.timeouts = timeouts
+        self.max_attempts = max_attempts
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self._headers = auth_headers(api_key)
+        self._queues: dict[str, deque[Call]] = {}
+
+    def start(
+        self,
+        *,
+        model: str,
+        messages: object,
+        policy: Policy | None,
+        accelerator: str | None,
+        params: Mapping[str, Any],
+        stream: bool,
+        metadata: Mapping[str, Any] | None,
+        timeouts: Timeouts,
+    ) -> Call:
+        """Validate one request and return its :class:`Call` (nothing is sent yet)."""
+        if not isinstance(model, str) or not model.strip():
+            raise InvalidRequestError(
+                f"model must be a non-empty model name, got {model!r}", param="model"
+            )
+        msgs = validate_messages(messages)
+        _check_params(params)
+        if accelerator is not None and accelerator not in self.registry.families:
+            hint = suggest(str(accelerator), self.registry.families)
+            raise InvalidRequestError(
+                f"accelerator={accelerator!r} is not a registered family (registered: "
+                + ", ".join(self.registry.families)
+                + ")"
+                + (f"; did you mean {hint!r}?" if hint else ""),
+                param="accelerator",
+            )
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise InvalidRequestError(
+                f"metadata must be a dict, got {type(metadata).__name__}", param="metadata"
+            )
+        body: dict[str, Any] = {"model": model, "messages": msgs}
+        extra = params.get("extra_body")
+        for key, value in params.items():
+            if key != "extra_body":
+                body[key] = value
+        if extra:
+            if not isinstance(extra, Mapping):
+                raise InvalidRequestError("extra_body must be a dict", param="extra_body")
+            body.update(extra)
+        if stream:
+            body["stream"] = True
+            options = dict(body.get("stream_options") or {})
+            options.setdefault("include_usage", True)
+            body["stream_options"] = options
+        return Call(self, model, policy, accelerator, encode_body(body), stream,
+                    dict(metadata or {}), timeouts)
+
+    def dry_run(
+        self, policy: Policy | None, model: str, accelerator: str | None = None
+    ) -> routing.Decision | routing.NoRoute:
+        """The decision routing would make now, without reserving anything."""
+        with STATE_LOCK:
+            now = self.clock()
+            self.fleet.refresh(now)
+            return routing.route(
+                policy, model, self.fleet, now=now, rng=self.rng, pinned_family=accelerator
+            )
+
+
+class Call:
+    """One logical request: routes, reserves, records outcomes; never sends anything itself."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        model: str,
+        policy: Policy | None,
+        accelerator: str | None,
+        body: bytes,
+        stream: bool,
+        metadata: dict[str, Any],
+        timeouts: Timeouts,
+    ) -> None:
+        self.d = dispatcher
+        self.model = model
+        self.policy = policy
+        self.accelerator = accelerator
+        self.body = body
+        self.headers = dispatcher._headers
+        self.stream = stream
+        self.metadata = metadata
+        self.timeouts = timeouts
+        self.started_at = dispatcher.clock()
+        self.deadline = None if timeouts.total is None else self.started_at + timeouts.total
+        self.attempts: list[Attempt] = []
+        self.tried: set[str] = set()
+        self.retry_at: dict[str, float] = {}
+        self.last_error: NodeError | None = None
+        self.queued_at: float | None = None
+        self.queue_deadline: float | None = None
+        self.last_trace: list[dict[str, Any]] = []
+        self.current: Step | None = None
+
+    @property
+    def policy_name(self) -> str | None:
+        """The policy's name, or None."""
+        return self.policy.name if self.policy is not None else None
+
+    # --- deciding --------------------------------------------------------------------------
+
+    def next(self) -> Step | Wait:
+        """Route and reserve a slot (a Step), or say how long to wait; raise when it is over."""
+        d = self.d
+        with STATE_LOCK:
+            now = d.clock()
+            self._check_deadline(now)
+            queue = self._queue()
+            if queue is not None and queue and queue[0] is not self and self in queue:
+                return self._wait_in_queue(now)
+            d.fleet.refresh(now)
+            t0 = time.perf_counter()
+            decision = routing.route(
+                self.policy,
+                self.model,
+                d.fleet,
+                now=now,
+                rng=d.rng,
+                pinned_family=self.accelerator,
+                exclude=self.tried,
+                health_threshold=self.policy.health_threshold if self.policy else 0.5,
+            )
+            decision_us = (time.perf_counter() - t0) * 1e6
+            if isinstance(decision, routing.Decision):
+                self._leave_queue()
+                return self._reserve(decision, now, decision_us)
+            self.last_trace = [e.as_dict() for e in decision.evaluated]
+            return self._no_route(decision, now, queue)
+
+    def _reserve(self, decision: routing.Decision, now: float, decision_us: float) -> Step:
+        node = decision.node
+        assert isinstance(node, NodeState)
+        load = node.load
+        reservation = self.d.fleet.reserve(node, now)
+        info = RoutingInfo.model_construct(
+            node_id=node.id,
+            accelerator=node.family,
+            policy=self.policy_name,
+            queue_depth=max(0, load - node.max_concurrency),
+            node_load=load,
+            predicted_ttft_ms=decision.predicted_ttft_ms,
+            evaluated=[e.as_dict() for e in decision.evaluated],
+            decision_us=round(decision_us, 2),
+            attempts=list(self.attempts),
+            queued_ms=0.0 if self.queued_at is None else round((now - self.queued_at) * 1e3, 2),
+            cost=None,
+            server_address=node.url.split("://", 1)[-1],
+            metadata=self.metadata,
+        )
+        step = Step(node, reservation, info, completion_url(node.url), self._attempt_timeout(now))
+        self.current = step
+        self.tried.add(node.id)
+        return step
+
+    def _attempt_timeout(self, now: float) -> httpx2.Timeout:
+        """Per-attempt timeouts, none beyond the overall deadline.
+
+        A non-streamed answer arrives whole, so its read timeout is the time left; a stream's
+        socket reads wait at most for the first token, then at most ``idle`` between chunks.
+        """
+        t = self.timeouts
+        remaining = None if self.deadline is None else max(0.001, self.deadline - now)
+
+        def cap(value: float | None) -> float | None:
+            if value is None:
+                return remaining
+            return value if remaining is None else min(value, remaining)
+
+        read: float | None = None
+        if self.stream and (t.first_token is not None or t.idle is not None):
+            read = max(t.first_token or 0.0, t.idle or 0.0)
+        return httpx2.Timeout(
+            connect=cap(t.connect), read=cap(read), write=cap(t.connect), pool=cap(t.connect)
+        )
+
+    def _no_route(self, decision: routing.NoRoute, now: float, queue: deque[Call] | None) -> Wait:
+        # A rate-limited node whose Retry-After falls within the deadline: wait and retry it.
+        if self.retry_at:
+            node_id, at = min(self.retry_at.items(), key=lambda kv: kv[1])
+            if self.deadline is None or at <= self.deadline:
+                del self.retry_at[node_id]
+                self.tried.discard(node_id)
+                return Wait(until=at, for_capacity=False)
+        if self.attempts:
+            raise self._exhausted(decision.context())
+        policy = self.policy
+        if policy is not None and policy.queue_on_saturation and queue is not None:
+            if self.queued_at is None:
+                if len(queue) >= QUEUE_LIMIT:
+                    ctx = decision.context()
+                    ctx["final_error"] = "queue_full"
+                    ctx["recommendation"] = (
+                        f"{QUEUE_LIMIT} requests are already queued for policy {policy.name!r}; "
+                        "increase fleet capacity"
+                    )
+                    raise RoutingError(ctx)
+                self.queued_at = now
+                wait_s = policy.max_queue_ms / 1e3 if policy.max_queue_ms else None
+                limit = None if wait_s is None else now + wait_s
+                if self.deadline is not None:
+                    limit = self.deadline if limit is None else min(limit, self.deadline)
+                self.queue_deadline = limit
+                queue.append(self)
+            return self._wait_in_queue(now)
+        raise RoutingError(decision.context())
+
+    def _wait_in_queue(self, now: float) -> Wait:
+        if self.queue_deadline is not None and now >= self.queue_deadline:
+            self._leave_queue()
+            ctx = self._context_from_trace("queue_timeout")
+            waited = 0.0 if self.queued_at is None else (now - self.queued_at) * 1e3
+            ctx["recommendation"] = (
+                f"no capacity freed within {waited:.0f} ms of queueing; increase fleet capacity "
+                "or raise max_queue_ms"
+            )
+            raise RoutingError(ctx)
+        until = now + QUEUE_RECHECK_S
+        if self.queue_deadline is not None:
+            until = min(until, self.queue_deadline)
+        return Wait(until=until, for_capacity=True)
+
+    def _queue(self) -> deque[Call] | None:
+        if self.policy is None or not self.policy.queue_on_saturation:
+            return None
+        return self.d._queues.setdefault(self.policy.name, deque())
+
+    def _leave_queue(self) -> None:
+        if self.queued_at is None or self.policy is None:
+            return
+        queue = self.d._queues.get(self.policy.name)
+        if queue is not None and self in queue:
+            was_head = queue[0] is self
+            queue.remove(self)
+            if was_head and queue:
+                notify_capacity()
+
+    def _context_from_trace(self, final_error: str) -> dict[str, Any]:
+        return {
+            "policy": self.policy_name,
+            "evaluated": list(self.last_trace),
+            "final_error": final_error,
+            "recommendation": "",
+        }
+
+    def _exhausted(self, context: dict[str, Any]) -> RoutingError:
+        context = dict(context)
+        context["final_error"] = "attempts_exhausted"
+        kinds = sorted({a.error for a in self.attempts})
+        context["recommendation"] = (
+            f"{len(self.attempts)} attempt(s) failed ({', '.join(kinds)}); check the nodes in "
+            "'attempts' or add capacity to the chain"
+        )
+        context["attempts"] = [a.model_dump() for a in self.attempts]
+        err = RoutingError(context)
+        err.__cause__ = self.last_error
+        return err
+
+    def _check_deadline(self, now: float) -> None:
+        if self.deadline is not None and now >= self.deadline:
+            self._leave_queue()
+            raise ZMLTimeoutError(
+                f"request deadline of {self.timeouts.total}s expired after "
+                f"{len(self.attempts)} failed attempt(s)",
+                routing=self.current.routing if self.current else None,
+            )
+
+    # --- outcomes --------------------------------------------------------------------------
+
+    def sent(self, step: Step) -> None:
+        """The request is about to be sent on ``step``."""
+        step.sent_at = self.d.clock()
+
+    def first_token(self, step: Step) -> None:
+        """The first chunk of ``step``'s answer arrived (failover is over from here)."""
+        step.first_token_at = self.d.clock()
+
+    def failed(self, step: Step, exc: NodeError) -> float:
+        """``step`` failed before any token reached the caller.
+
+        Releases the slot and marks the node. Returns nothing to wait before routing again
+        (0.0); raises ``exc`` (non-retryable) or RoutingError (attempts exhausted).
+        """
+        d = self.d
+        now = d.clock()
+        d.fleet.release(step.reservation)
+        exc.node_id = exc.node_id or step.node.id
+        exc.routing = step.routing
+        self.last_error = exc
+        if not exc.retryable:
+            raise exc
+        if isinstance(exc, RateLimitError):
+            if exc.retry_after is not None:
+                self.retry_at[step.node.id] = now + exc.retry_after
+            # rate limiting is load, not ill health: the node's score is left alone
+        else:
+            d.fleet.record_failure(step.node, now)
+        status = getattr(exc, "status_code", None)
+        self.attempts.append(
+            Attempt(
+                node_id=step.node.id,
+                accelerator=step.node.family,
+                error=exc.kind,
+                status_code=status,
+                message=str(exc)[:300],
+            )
+        )
+        if len(self.attempts) >= d.max_attempts:
+            self.last_trace = step.routing.evaluated
+            raise self._exhausted(self._context_from_trace("attempts_exhausted"))
+        return 0.0
+
+    def broke(self, step: Step, exc: NodeError) -> NodeError:
+        """``step`` failed after tokens reached the caller: no retry; the error to raise."""
+        d = self.d
+        d.fleet.release(step.reservation)
+        d.fleet.record_failure(step.node, d.clock())
+        exc.node_id = exc.node_id or step.node.id
+        exc.routing = step.routing
+        return exc
+
+    def succeeded(self, step: Step) -> RoutingInfo:
+        """``step`` answered in full: release the slot, record latencies; its routing info."""
+        d = self.d
+        now = d.clock()
+        d.fleet.release(step.reservation)
+        ttft = None if step.first_token_at is None else step.first_token_at - step.sent_at
+        d.fleet.record_success(step.node, now, ttft, now - step.sent_at)
+        return step.routing
+
+    def abandoned(self, step: Step | None = None) -> None:
+        """The caller went away (cancellation, an exception in its code): release, blame no one."""
+        step = step or self.current
+        if step is not None:
+            self.d.fleet.release(step.reservation)
+        with STATE_LOCK:
+            self._leave_queue()
+
+    def close(self) -> None:
+        """Leave the saturation queue if still in it (idempotent)."""
+        with STATE_LOCK:
+            self._leave_queue()

@@ -1,0 +1,327 @@
+"""Every error zml raises, in one tree.
+
+A caller can catch ``zml.ZMLError`` for everything, or a branch of the tree for one kind of
+failure. Errors that concern a node carry the routing metadata of the attempt that failed, so a
+log line says where the request went::
+
+    ZMLError
+    ├── PolicyConfigError        a bad Policy, policy reference or zml.toml (raised at construction)
+    ├── InvalidRequestError      a bad infer() argument, found before anything is sent
+    ├── RoutingError             no node could take the request (alias: ZMLRoutingError)
+    ├── ZMLTimeoutError          the request's overall deadline expired (also a TimeoutError)
+    └── NodeError                a node failed or answered with an error
+        ├── NodeConnectionError      connection refused, reset or dropped
+        ├── NodeTimeoutError         connect, first-token or idle timeout on one attempt
+        ├── NodeProtocolError        the node broke the protocol (bad JSON, malformed SSE)
+        │   └── IncompleteStreamError    a stream ended without [DONE] or a finish_reason
+        └── NodeStatusError          the node answered with an HTTP error status
+            ├── BadRequestError          400, 422
+            ├── AuthenticationError      401, 403
+            ├── NotFoundError            404
+            ├── RateLimitError           429 (retry_after)
+            ├── NodeUnavailableError     502, 503, 504
+            └── InternalServerError      500 and other 5xx
+
+``retryable`` on a NodeError says whether dispatch may try another node for it (only before
+the first token has reached the caller).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .types import RoutingInfo
+
+__all__ = [
+    "AuthenticationError",
+    "BadRequestError",
+    "IncompleteStreamError",
+    "InternalServerError",
+    "InvalidRequestError",
+    "NodeConnectionError",
+    "NodeError",
+    "NodeProtocolError",
+    "NodeStatusError",
+    "NodeTimeoutError",
+    "NodeUnavailableError",
+    "NotFoundError",
+    "PolicyConfigError",
+    "RateLimitError",
+    "RoutingError",
+    "ZMLError",
+    "ZMLRoutingError",
+    "ZMLTimeoutError",
+]
+
+
+class ZMLError(Exception):
+    """Base class of every error raised by zml."""
+
+
+class PolicyConfigError(ZMLError):
+    """A policy, a policy reference or a ``zml.toml`` is invalid.
+
+    Raised when a :class:`zml.Policy` is constructed, when a configuration file is loaded, or when
+    ``infer(policy=...)`` names a policy that does not exist: never later as a RoutingError.
+
+    Attributes:
+        field: the field or key that is wrong (``accelerator_chain``, ``nodes[2].url``...), if known.
+        value: the bad value, if known.
+        suggestion: a close valid value ("did you mean ..."), if there is one.
+        source: the file the bad value came from, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        value: object = None,
+        suggestion: str | None = None,
+        source: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.field = field
+        self.value = value
+        self.suggestion = suggestion
+        self.source = source
+
+
+class InvalidRequestError(ZMLError, ValueError):
+    """An ``infer`` argument is invalid (messages, model, an unknown parameter...).
+
+    Raised before anything is sent to a node. ``param`` names the argument.
+    """
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class RoutingError(ZMLError):
+    """No node could take the request under its policy.
+
+    ``routing_context`` is a dict with (at least) these keys::
+
+        {"policy": "llama3-production",
+         "evaluated": [{"family": "H100", "nodes_checked": 3,
+                        "rejected_reason": "all_nodes_over_capacity"}, ...],
+         "final_error": "no_viable_node",
+         "recommendation": "increase fleet capacity or enable queue_on_saturation"}
+
+    ``str(error)`` includes the context as indented JSON, so logging the exception shows it.
+    """
+
+    def __init__(self, routing_context: dict[str, Any], message: str | None = None) -> None:
+        self.routing_context = routing_context
+        self.message = message or _routing_message(routing_context)
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return f"{self.message}\nrouting_context = {json.dumps(self.routing_context, indent=2)}"
+
+
+ZMLRoutingError = RoutingError
+"""The 0.2 name of :class:`RoutingError`, kept as an alias."""
+
+
+def _routing_message(context: dict[str, Any]) -> str:
+    policy = context.get("policy")
+    where = f"policy {policy!r}" if policy else "the request"
+    final = context.get("final_error", "no_viable_node")
+    hint = context.get("recommendation")
+    text = f"routing failed for {where}: {final}"
+    return f"{text} ({hint})" if hint else text
+
+
+class ZMLTimeoutError(ZMLError, TimeoutError):
+    """The request's overall deadline expired (while queued, in an attempt, or mid-stream)."""
+
+    def __init__(self, message: str, *, routing: RoutingInfo | None = None) -> None:
+        super().__init__(message)
+        self.routing = routing
+
+
+class NodeError(ZMLError):
+    """A node failed, or answered with an error.
+
+    Attributes:
+        node_id: the node that failed, when known.
+        routing: the routing metadata of the failed attempt, when known.
+        retryable: whether another node may be tried for this failure (before the first token).
+    """
+
+    retryable: bool = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node_id: str | None = None,
+        routing: RoutingInfo | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.node_id = node_id
+        self.routing = routing
+
+    @property
+    def kind(self) -> str:
+        """A short stable name for the failure, used in ``routing.attempts``."""
+        return _KINDS.get(type(self), "node_error")
+
+
+class NodeConnectionError(NodeError):
+    """The connection to a node was refused, reset or dropped."""
+
+    retryable = True
+
+
+class NodeTimeoutError(NodeError, TimeoutError):
+    """One attempt timed out (connect, time to first token, or idle between chunks)."""
+
+    retryable = True
+
+
+class NodeProtocolError(NodeError):
+    """The node broke the protocol: invalid JSON, a malformed SSE event, an unexpected shape."""
+
+
+class IncompleteStreamError(NodeProtocolError):
+    """A stream ended without ``data: [DONE]`` or a ``finish_reason``: never a silent short answer.
+
+    Attributes:
+        text: the content received before the stream broke off.
+        chunks: how many chunks had been received.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        text: str = "",
+        chunks: int = 0,
+        node_id: str | None = None,
+        routing: RoutingInfo | None = None,
+    ) -> None:
+        super().__init__(message, node_id=node_id, routing=routing)
+        self.text = text
+        self.chunks = chunks
+
+
+class NodeStatusError(NodeError):
+    """A node answered with an HTTP error status.
+
+    Attributes:
+        status_code: the HTTP status.
+        body: the response body, decoded as JSON when possible (OpenAI error objects are).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        body: object = None,
+        node_id: str | None = None,
+        routing: RoutingInfo | None = None,
+    ) -> None:
+        super().__init__(message, node_id=node_id, routing=routing)
+        self.status_code = status_code
+        self.body = body
+
+
+class BadRequestError(NodeStatusError):
+    """The node rejected the request as invalid (400, 422). Never retried."""
+
+
+class AuthenticationError(NodeStatusError):
+    """The node rejected the API key (401, 403). Never retried."""
+
+
+class NotFoundError(NodeStatusError):
+    """The node does not serve the model or path (404). Never retried."""
+
+
+class RateLimitError(NodeStatusError):
+    """The node asked to slow down (429). ``retry_after`` is its Retry-After in seconds, if sent."""
+
+    retryable = True
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int = 429,
+        body: object = None,
+        retry_after: float | None = None,
+        node_id: str | None = None,
+        routing: RoutingInfo | None = None,
+    ) -> None:
+        super().__init__(
+            message, status_code=status_code, body=body, node_id=node_id, routing=routing
+        )
+        self.retry_after = retry_after
+
+
+class NodeUnavailableError(NodeStatusError):
+    """The node or its gateway is unavailable or overloaded (502, 503, 504)."""
+
+    retryable = True
+
+
+class InternalServerError(NodeStatusError):
+    """The node failed internally (500 and other 5xx). Retried within the bounded attempts."""
+
+    retryable = True
+
+
+_KINDS: dict[type[NodeError], str] = {
+    NodeConnectionError: "connection_error",
+    NodeTimeoutError: "timeout",
+    NodeProtocolError: "protocol_error",
+    IncompleteStreamError: "incomplete_stream",
+    BadRequestError: "bad_request",
+    AuthenticationError: "authentication_error",
+    NotFoundError: "not_found",
+    RateLimitError: "rate_limited",
+    NodeUnavailableError: "unavailable",
+    InternalServerError: "server_error",
+}
+
+
+def status_error(
+    status_code: int, body: object, *, retry_after: float | None = None, node_id: str | None = None
+) -> NodeStatusError:
+    """Map an HTTP error status from a node to its typed error (one place for the whole map)."""
+    detail = _error_detail(body)
+    where = f"node {node_id!r}" if node_id else "node"
+    message = f"{where} answered HTTP {status_code}: {detail}"
+    if status_code == 429:
+        return RateLimitError(message, body=body, retry_after=retry_after, node_id=node_id)
+    cls: type[NodeStatusError]
+    if status_code in (400, 422):
+        cls = BadRequestError
+    elif status_code in (401, 403):
+        cls = AuthenticationError
+    elif status_code == 404:
+        cls = NotFoundError
+    elif status_code in (502, 503, 504):
+        cls = NodeUnavailableError
+    elif status_code >= 500:
+        cls = InternalServerError
+    else:
+        cls = BadRequestError
+    return cls(message, status_code=status_code, body=body, node_id=node_id)
+
+
+def _error_detail(body: object) -> str:
+    if isinstance(body, dict):
+        err = body.get("error", body)
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    text = str(body) if body is not None else ""
+    return text[:300] or "(no body)"

@@ -1,0 +1,323 @@
+"""Live state of the fleet: reservations, load, latency estimates, health, circuit breakers.
+
+Routing decides from this state; dispatch changes it. Three rules keep it honest:
+
+* A slot is **reserved at decision time**, under one process-wide lock, before any I/O: two
+  tasks (or threads, or two clients in one process) can never both take a node's last slot.
+  The reservation is released exactly once, on every path (success, error, cancellation).
+* Node state is **shared per process**: every client whose registry declares the same node
+  (same id, url and capacity) sees and updates the same :class:`NodeState`.
+* Observations are cheap EWMAs, updated when a call ends; a node's ``load`` is the larger of
+  the client's own reservations and what the node last reported on ``/metrics``.
+
+Health score (0..1): an EWMA of call outcomes (success 1, failure 0, weight ``HEALTH_ALPHA``)
+and of probe results; after a failure it recovers linearly to 1 over ``HEALTH_RECOVERY_S``
+without traffic, so a node skipped for low health is tried again later.
+
+Circuit breaker, per node: ``CIRCUIT_FAILURES`` consecutive failures open it for
+``CIRCUIT_COOLDOWN_S``; then it is half-open and admits one trial request; success closes it,
+failure opens it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .config import NodeConfig, Registry
+
+__all__ = [
+    "CIRCUIT_COOLDOWN_S",
+    "CIRCUIT_FAILURES",
+    "EWMA_ALPHA",
+    "HEALTH_ALPHA",
+    "HEALTH_RECOVERY_S",
+    "Fleet",
+    "NodeState",
+    "Reservation",
+]
+
+EWMA_ALPHA = 0.2
+HEALTH_ALPHA = 0.3
+HEALTH_RECOVERY_S = 30.0
+CIRCUIT_FAILURES = 5
+CIRCUIT_COOLDOWN_S = 10.0
+
+# One lock for every decision and state change in the process: decisions take microseconds,
+# and a single lock is what makes "never oversubscribe" hold across threads and clients.
+STATE_LOCK = threading.RLock()
+
+
+class NodeState:
+    """One node's static description and live state (satisfies ``routing.NodeView``)."""
+
+    __slots__ = (
+        "__weakref__",
+        "config",
+        "consecutive_failures",
+        "family",
+        "health",
+        "health_at",
+        "id",
+        "in_flight",
+        "kind",
+        "load",
+        "max_concurrency",
+        "max_queue",
+        "models",
+        "open_until",
+        "reported_load",
+        "service_ms",
+        "trial_in_flight",
+        "ttft_ms",
+        "url",
+    )
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.id = config.id
+        self.family = config.family
+        self.url = config.url
+        self.models = frozenset(config.models)
+        self.kind = config.kind
+        self.max_concurrency = config.max_concurrency
+        self.max_queue = config.max_queue
+        self.in_flight = 0
+        self.reported_load: int | None = None
+        self.load = 0
+        self.health = 1.0
+        self.health_at = 0.0
+        self.ttft_ms: float | None = None
+        self.service_ms: float | None = None
+        self.consecutive_failures = 0
+        self.open_until: float | None = None
+        self.trial_in_flight = False
+
+    def __repr__(self) -> str:
+        return (
+            f"NodeState(id={self.id!r}, family={self.family!r}, load={self.load}/"
+            f"{self.max_concurrency}, health={self.health:.2f})"
+        )
+
+    def circuit_allows(self, now: float) -> bool:
+        """False while the circuit is open, and while a half-open trial is under way."""
+        if self.open_until is None:
+            return True
+        return now >= self.open_until and not self.trial_in_flight
+
+    @property
+    def circuit_state(self) -> str:
+        """``closed``, ``open`` or ``half_open`` (as last updated)."""
+        if self.open_until is None:
+            return "closed"
+        return "half_open" if self.trial_in_flight else "open"
+
+    def _update_load(self) -> None:
+        reported = self.reported_load
+        self.load = self.in_flight if reported is None else max(self.in_flight, reported)
+
+
+@dataclass
+class Reservation:
+    """A slot taken on a node for one attempt; :meth:`Fleet.release` gives it back once."""
+
+    node: NodeState
+    taken_at: float
+    trial: bool = False
+    released: bool = False
+
+
+_shared: weakref.WeakValueDictionary[tuple[Any, ...], NodeState] = weakref.WeakValueDictionary()
+_capacity_waiters: list[Callable[[], None]] = []
+
+
+def _shared_state(config: NodeConfig) -> NodeState:
+    key = (config.id, config.url, config.family, config.models, config.max_concurrency,
+           config.max_queue)
+    state = _shared.get(key)
+    if state is None:
+        state = NodeState(config)
+        _shared[key] = state
+    return state
+
+
+def add_capacity_waiter(callback: Callable[[], None]) -> None:
+    """Call ``callback`` (from any thread) whenever a slot is released anywhere in the process."""
+    with STATE_LOCK:
+        _capacity_waiters.append(callback)
+
+
+def remove_capacity_waiter(callback: Callable[[], None]) -> None:
+    """Stop calling ``callback`` (no error if it was already removed)."""
+    with STATE_LOCK, contextlib.suppress(ValueError):
+        _capacity_waiters.remove(callback)
+
+
+def notify_capacity() -> None:
+    """Wake every request waiting for capacity (they re-check; at most one per slot gets it)."""
+    with STATE_LOCK:
+        waiters = list(_capacity_waiters)
+    for wake in waiters:
+        wake()
+
+
+class Fleet:
+    """The nodes of one registry, indexed for routing (satisfies ``routing.FleetView``)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self._nodes: dict[str, NodeState] = {}
+        self._index: dict[tuple[str, str], list[NodeState]] = {}
+        with STATE_LOCK:
+            for cfg in registry.nodes:
+                state = _shared_state(cfg)
+                self._nodes[cfg.id] = state
+                for model in cfg.models:
+                    self._index.setdefault((model, cfg.family), []).append(state)
+        self._families = tuple(registry.families)
+        self._costs = {name: acc.cost_per_hour for name, acc in registry.families.items()}
+        self._degraded: set[NodeState] = set()
+        self._empty: tuple[NodeState, ...] = ()
+
+    # --- routing.FleetView ------------------------------------------------------------------
+
+    def families(self) -> Sequence[str]:
+        """Accelerator families in registry order."""
+        return self._families
+
+    def family_cost(self, family: str) -> float | None:
+        """The family's ``cost_per_hour``, or None when not configured."""
+        return self._costs.get(family)
+
+    def nodes_for(self, model: str, family: str) -> Sequence[NodeState]:
+        """Nodes of ``family`` serving ``model`` (an index lookup)."""
+        return self._index.get((model, family), self._empty)
+
+    # --- queries ----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[NodeState]:
+        return iter(self._nodes.values())
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def node(self, node_id: str) -> NodeState:
+        """The node with this id (KeyError when unknown)."""
+        return self._nodes[node_id]
+
+    def serves(self, model: str) -> bool:
+        """Whether any node of the registry serves ``model``."""
+        return any((model, f) in self._index for f in self._families)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests this process has in flight on the fleet's nodes (reserved slots)."""
+        return sum(n.in_flight for n in self._nodes.values())
+
+    def status(self) -> list[dict[str, Any]]:
+        """A plain snapshot of every node, for ``zml fleet status`` and tests."""
+        with STATE_LOCK:
+            return [
+                {
+                    "id": n.id,
+                    "family": n.family,
+                    "url": n.url,
+                    "in_flight": n.in_flight,
+                    "reported_load": n.reported_load,
+                    "load": n.load,
+                    "max_concurrency": n.max_concurrency,
+                    "max_queue": n.max_queue,
+                    "health": round(n.health, 3),
+                    "circuit": n.circuit_state,
+                    "ttft_ms": None if n.ttft_ms is None else round(n.ttft_ms, 1),
+                    "service_ms": None if n.service_ms is None else round(n.service_ms, 1),
+                }
+                for n in self._nodes.values()
+            ]
+
+    # --- state changes (callers hold STATE_LOCK when deciding + reserving) -------------------
+
+    def refresh(self, now: float) -> None:
+        """Let degraded nodes' health recover with time (cheap: only degraded nodes)."""
+        if not self._degraded:
+            return
+        for node in list(self._degraded):
+            elapsed = now - node.health_at
+            if elapsed <= 0:
+                continue
+            recovered = min(1.0, node.health + (1.0 - node.health) * elapsed / HEALTH_RECOVERY_S)
+            node.health = recovered
+            node.health_at = now
+            if recovered >= 1.0:
+                self._degraded.discard(node)
+
+    def reserve(self, node: NodeState, now: float) -> Reservation:
+        """Take a slot on ``node`` (call under STATE_LOCK, in the same critical section as the
+        routing decision)."""
+        node.in_flight += 1
+        node._update_load()
+        trial = node.open_until is not None and now >= node.open_until
+        if trial:
+            node.trial_in_flight = True
+        return Reservation(node, now, trial)
+
+    def release(self, reservation: Reservation) -> bool:
+        """Give the slot back; False if it was already released (so double release is safe)."""
+        with STATE_LOCK:
+            if reservation.released:
+                return False
+            reservation.released = True
+            node = reservation.node
+            node.in_flight -= 1
+            node._update_load()
+            if reservation.trial:
+                node.trial_in_flight = False
+        notify_capacity()
+        return True
+
+    def record_success(
+        self, node: NodeState, now: float, ttft_s: float | None, service_s: float | None
+    ) -> None:
+        """A call on ``node`` succeeded: update latency EWMAs, health and the circuit."""
+        with STATE_LOCK:
+            if ttft_s is not None:
+                node.ttft_ms = _ewma(node.ttft_ms, ttft_s * 1000.0)
+            if service_s is not None:
+                node.service_ms = _ewma(node.service_ms, service_s * 1000.0)
+            node.consecutive_failures = 0
+            node.open_until = None
+            if node.health < 1.0:
+                node.health = min(1.0, node.health + HEALTH_ALPHA * (1.0 - node.health))
+                node.health_at = now
+
+    def record_failure(self, node: NodeState, now: float) -> None:
+        """A call on ``node`` failed (a node-side failure): health down, maybe open the circuit."""
+        with STATE_LOCK:
+            node.health = node.health * (1.0 - HEALTH_ALPHA)
+            node.health_at = now
+            self._degraded.add(node)
+            node.consecutive_failures += 1
+            if node.open_until is not None or node.consecutive_failures >= CIRCUIT_FAILURES:
+                node.open_until = now + CIRCUIT_COOLDOWN_S
+
+    def record_probe(
+        self, node: NodeState, now: float, *, healthy: bool, reported_load: int | None
+    ) -> None:
+        """An active probe's result: liveness feeds health; reported load merges into ``load``."""
+        with STATE_LOCK:
+            node.reported_load = reported_load
+            node._update_load()
+            if healthy:
+                node.health += HEALTH_ALPHA * (1.0 - node.health)
+            else:
+                node.health = 0.0
+                self._degraded.add(node)
+            node.health_at = now
+
+
+def _ewma(old: float | None, sample: float) -> float:
+    return sample if old is None else old + EWMA_ALPHA * (sample - old)

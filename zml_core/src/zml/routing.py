@@ -1,0 +1,798 @@
+"""How zml chooses the node that serves a request.
+
+``route(policy, model, fleet, now=..., rng=...)`` is a pure function: it reads a snapshot of
+the fleet, reads no clock (``now`` is passed in), does no I/O, changes nothing, and draws
+randomness only from the ``random.Random`` it is given, so the same inputs and the same seed
+always give the same answer. It returns a :class:`Decision` (the node, its family, the
+predicted time to first token and a trace of every family looked at) or a :class:`NoRoute`
+whose :meth:`NoRoute.context` is the ``RoutingError.routing_context`` dict.
+
+Constants
+---------
+``PRIOR_TTFT_MS = 200.0``
+    Time to first token assumed for a node until one has been observed.
+``PRIOR_SERVICE_MS = 2000.0``
+    Whole-request service time assumed for a node until one has been observed.
+``COST_LATENCY_MARGIN = 1.25``
+    Under ``cost_priority = "cost"`` a node is accepted up to 1.25 x ``latency_target_ms``.
+``HIGH_WATER = 0.8``
+    Utilisation at which ``"latency"`` leaves a family for the next one in the chain.
+``BALANCED_SPAN = 0.2``
+    How far above ``HIGH_WATER`` ``"balanced"`` may hold to a family when staying saves money.
+``TIE_MS = 1e-9``
+    Predicted TTFTs closer than this are a tie.
+``MAX_IDS_IN_RECOMMENDATION = 5``
+    Node ids named in a recommendation before it says "and N more".
+
+Checking a node
+---------------
+For each node of a family that serves the model, the first check that fails is the node's
+rejection reason:
+
+1. its id is in ``exclude`` (the nodes already tried for this request) ->
+   ``excluded_after_failure``;
+2. its circuit breaker is open (``node.circuit_allows(now)`` is false) -> ``circuit_open``;
+3. ``node.health < health_threshold`` -> ``health_score_below_threshold``;
+4. no room: ``node.load >= node.max_concurrency + node.max_queue`` ->
+   ``all_nodes_over_capacity`` (``load`` counts running and waiting requests; zml may fill a
+   node's slots and then its own queue of ``max_queue`` requests);
+5. the predicted TTFT is over the latency limit -> ``latency_target_exceeded``.
+
+A node that passes every check is *viable*.
+
+Predicted time to first token::
+
+    ahead = max(0, load - max_concurrency + 1)        # requests this one would wait behind
+    pred  = ttft + ahead * service / max_concurrency
+
+where ``ttft`` is the node's observed TTFT (EWMA) or ``PRIOR_TTFT_MS`` and ``service`` its
+observed service time (EWMA) or ``PRIOR_SERVICE_MS``. A node with a free slot is predicted
+at its plain TTFT; each request queued ahead adds a share of a service time.
+
+The latency limit: none when the policy has no ``latency_target_ms``; otherwise
+``latency_target_ms x COST_LATENCY_MARGIN`` under ``"cost"`` and ``latency_target_ms``
+itself under ``"latency"`` and ``"balanced"``.
+
+A family with no viable node is rejected with ``no_nodes_for_model`` when no node of the
+family serves the model, and otherwise with the most frequent reason among its nodes, ties
+going to the first of ``all_nodes_over_capacity``, ``latency_target_exceeded``,
+``circuit_open``, ``health_score_below_threshold``, ``excluded_after_failure``.
+``nodes_checked`` is the number of the family's nodes that serve the model.
+
+Choosing the family (with a policy)
+-----------------------------------
+The families of ``accelerator_chain`` are walked in order (only ``pinned_family`` when one is
+given, e.g. ``accelerator="H100"``). A family's utilisation ``U`` is the sum of ``load`` over
+the sum of ``max_concurrency`` of its nodes that passed checks 1-3, as it is before this
+request. A family with at least one viable node is:
+
+* ``"cost"``: accepted. zml holds to the cheaper, earlier family up to its full capacity,
+  node queues included, accepting up to 1.25 x the latency target.
+* ``"latency"``: accepted when ``U < HIGH_WATER`` (0.8); at or above it the family is passed
+  over with the soft reason ``above_high_water`` and the walk goes on: zml upgrades before
+  the family is exhausted.
+* ``"balanced"``: balanced weighs cost saving against latency risk. The family is accepted
+  when ``U < HIGH_WATER + BALANCED_SPAN x s`` (between 0.8 and 1.0), where
+  ``s = (next_cost - this_cost) / next_cost`` clamped to [0, 1] is the relative saving of
+  staying rather than moving to the next family of the chain (``cost_per_hour`` of each);
+  ``s = 0.5`` when either cost is unknown or this is the chain's last family, and ``s = 0``
+  when the next family costs nothing. Otherwise it is passed over with ``above_high_water``.
+
+The first accepted family wins and the walk stops there. When every family with viable nodes
+was passed over, the first of them wins after all (a busy family beats none). When no family
+has a viable node the result is a ``NoRoute`` (``final_error = "no_viable_node"``).
+
+Within the chosen family the viable node with the lowest predicted TTFT is chosen. Nodes
+within ``TIE_MS`` of the lowest are tied; among ties zml samples two with ``rng``
+(power of two choices) and takes the one with the lower ``load / max_concurrency`` (the
+first sampled when equal); a single tied node is taken as is.
+
+The trace (``Decision.evaluated``, ``NoRoute.evaluated``) has one entry per family looked at,
+in chain order: ``{"family", "nodes_checked", "rejected_reason"}``. The chosen family's
+``rejected_reason`` is ``None``; families passed over show their reason (a rejection reason,
+or ``above_high_water``); families after the chosen one appear only if they were evaluated
+(i.e. when the winner is a family that was passed over). A ``NoRoute`` lists every family of
+the chain exactly once.
+
+No policy (the 0.2 behaviour)
+-----------------------------
+Without a policy every family of the fleet registry is considered, in registry order (only
+``pinned_family`` when one is given), with ``health_threshold`` (default 0.5) and no latency
+limit. Among the nodes passing checks 1-4 in all those families, the one with the lowest
+``load / max_concurrency`` is chosen (ties within 1e-9 by power of two choices as above).
+The trace lists every family considered: the chosen family with ``None``, other families
+that had viable nodes with the soft reason ``not_selected``, the others with their rejection
+reason. ``NoRoute.policy`` is ``None``.
+
+Rejection reasons
+-----------------
+The closed set that can appear in a ``NoRoute`` context (``REJECTION_REASONS``):
+
+``no_nodes_for_model``
+    No node of the family serves the model.
+``health_score_below_threshold``
+    The node's health score (0..1, from probes and observed failures) is below the policy's
+    ``health_threshold``.
+``circuit_open``
+    The node's circuit breaker is open after repeated failures; it is skipped until the
+    breaker lets a trial request through.
+``all_nodes_over_capacity``
+    The node's slots and its queue room are all taken.
+``latency_target_exceeded``
+    The node's predicted time to first token is over the latency limit.
+``excluded_after_failure``
+    The node was already tried for this request and failed before its first token.
+
+Soft reasons, seen only in a successful decision's trace (``SOFT_REASONS``):
+``above_high_water`` (the family was left early under ``"latency"`` or ``"balanced"``) and
+``not_selected`` (no policy: the family had viable nodes, but a less loaded node was chosen
+elsewhere).
+
+Recommendation
+--------------
+A ``NoRoute`` carries one recommendation, built from the families' rejection reasons. If any
+family was rejected with ``all_nodes_over_capacity`` it is
+``"increase fleet capacity or enable queue_on_saturation"`` alone: waiting for room (or more
+room) would have served the request, and the other families' reasons stay visible in
+``evaluated``. Otherwise it joins with ``"; "``, in this order, one hint per reason present:
+
+* ``health_score_below_threshold``: ``"check the health of nodes <ids>"``;
+* ``circuit_open``: ``"nodes <ids> are failing; check them or wait for the circuit breaker to
+  close"``;
+* ``latency_target_exceeded``: ``"raise latency_target_ms or add capacity to the chain's
+  families"``;
+* ``no_nodes_for_model``: ``"register nodes serving <model> in the chain's families"`` (``in
+  the fleet's families`` without a policy);
+* ``excluded_after_failure``: ``"every candidate node failed for this request; see the
+  attempts"``.
+
+``<ids>`` names up to 5 of the nodes rejected for that reason, in evaluation order, then
+"and N more".
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+__all__ = [
+    "BALANCED_SPAN",
+    "COST_LATENCY_MARGIN",
+    "HIGH_WATER",
+    "MAX_IDS_IN_RECOMMENDATION",
+    "PRIOR_SERVICE_MS",
+    "PRIOR_TTFT_MS",
+    "REJECTION_REASONS",
+    "SOFT_REASONS",
+    "TIE_MS",
+    "CostPriority",
+    "Decision",
+    "FamilyEvaluation",
+    "FleetView",
+    "NoRoute",
+    "NodeView",
+    "PolicyView",
+    "RejectionReason",
+    "route",
+]
+
+PRIOR_TTFT_MS = 200.0
+PRIOR_SERVICE_MS = 2000.0
+COST_LATENCY_MARGIN = 1.25
+HIGH_WATER = 0.8
+BALANCED_SPAN = 0.2
+TIE_MS = 1e-9
+MAX_IDS_IN_RECOMMENDATION = 5
+
+RejectionReason = Literal[
+    "no_nodes_for_model",
+    "health_score_below_threshold",
+    "circuit_open",
+    "all_nodes_over_capacity",
+    "latency_target_exceeded",
+    "excluded_after_failure",
+]
+REJECTION_REASONS: tuple[str, ...] = (
+    "no_nodes_for_model",
+    "health_score_below_threshold",
+    "circuit_open",
+    "all_nodes_over_capacity",
+    "latency_target_exceeded",
+    "excluded_after_failure",
+)
+SOFT_REASONS: tuple[str, ...] = ("above_high_water", "not_selected")
+
+CostPriority = Literal["cost", "latency", "balanced"]
+
+NO_VIABLE_NODE = "no_viable_node"
+
+_INF = math.inf
+_NO_NODES = "no_nodes_for_model"
+_HEALTH = "health_score_below_threshold"
+_CIRCUIT = "circuit_open"
+_OVER = "all_nodes_over_capacity"
+_LATENCY = "latency_target_exceeded"
+_EXCLUDED = "excluded_after_failure"
+_ABOVE_HIGH_WATER = "above_high_water"
+_NOT_SELECTED = "not_selected"
+
+
+class NodeView(Protocol):
+    """What routing reads of one node (read-only)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def family(self) -> str: ...
+    @property
+    def max_concurrency(self) -> int:
+        """Slots: requests the node runs at once (at least 1)."""
+
+    @property
+    def max_queue(self) -> int:
+        """Requests zml may place in the node's own queue beyond its slots (at least 0)."""
+
+    @property
+    def load(self) -> int:
+        """Requests on the node now, running and waiting (at least 0)."""
+
+    @property
+    def health(self) -> float:
+        """Health score, 0..1."""
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """EWMA of observed time to first token; None until one is observed."""
+
+    @property
+    def service_ms(self) -> float | None:
+        """EWMA of observed whole-request service time; None until one is observed."""
+
+    def circuit_allows(self, now: float) -> bool:
+        """False while the node's circuit breaker is open."""
+
+
+class FleetView(Protocol):
+    """What routing reads of the fleet registry."""
+
+    def families(self) -> Sequence[str]:
+        """Every family, in registry order."""
+
+    def family_cost(self, family: str) -> float | None:
+        """The family's cost_per_hour, None if not configured."""
+
+    def nodes_for(self, model: str, family: str) -> Sequence[NodeView]:
+        """The nodes of the family serving the model (pre-indexed, O(1)); empty if none."""
+
+
+class PolicyView(Protocol):
+    """What routing reads of a policy."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def accelerator_chain(self) -> Sequence[str]: ...
+    @property
+    def latency_target_ms(self) -> float | None: ...
+    @property
+    def cost_priority(self) -> CostPriority: ...
+    @property
+    def health_threshold(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FamilyEvaluation:
+    """One family looked at: how many of its nodes serve the model and why it was not chosen."""
+
+    family: str
+    nodes_checked: int
+    rejected_reason: str | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "family": self.family,
+            "nodes_checked": self.nodes_checked,
+            "rejected_reason": self.rejected_reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A routing decision: the node to send to, and the trace that led to it."""
+
+    node: NodeView
+    family: str
+    predicted_ttft_ms: float
+    evaluated: tuple[FamilyEvaluation, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NoRoute:
+    """No node can take the request; ``context()`` is the RoutingError's routing_context."""
+
+    policy: str | None
+    evaluated: tuple[FamilyEvaluation, ...]
+    final_error: str
+    recommendation: str
+
+    def context(self) -> dict[str, object]:
+        return {
+            "policy": self.policy,
+            "evaluated": [e.as_dict() for e in self.evaluated],
+            "final_error": self.final_error,
+            "recommendation": self.recommendation,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# per-family scans (the hot loops)
+
+
+class _Rejections:
+    """Node ids rejected for health / circuit across the families evaluated (for the hint)."""
+
+    __slots__ = ("circuit_ids", "circuit_total", "health_ids", "health_total")
+
+    def __init__(self) -> None:
+        self.health_ids: list[str] = []
+        self.circuit_ids: list[str] = []
+        self.health_total = 0
+        self.circuit_total = 0
+
+
+def _family_reason(n_over: int, n_lat: int, n_circ: int, n_health: int, n_excl: int) -> str:
+    # Most frequent reason; ties go to the earlier one in this order.
+    reason = _OVER
+    top = n_over
+    if n_lat > top:
+        reason, top = _LATENCY, n_lat
+    if n_circ > top:
+        reason, top = _CIRCUIT, n_circ
+    if n_health > top:
+        reason, top = _HEALTH, n_health
+    if n_excl > top:
+        reason = _EXCLUDED
+    return reason
+
+
+def _predict(node: NodeView) -> float:
+    ttft = node.ttft_ms
+    if ttft is None:
+        ttft = PRIOR_TTFT_MS
+    load = node.load
+    mc = node.max_concurrency
+    if load < mc:
+        return ttft
+    service = node.service_ms
+    if service is None:
+        service = PRIOR_SERVICE_MS
+    return ttft + (load - mc + 1) * service / mc
+
+
+# The three loops below are the hot path (a family can hold thousands of nodes): plain local
+# variables, no allocation per node, no exceptions. They share one observation: the per-node
+# reason counts only matter when the family ends with no viable node. So once a viable node has
+# been found (``hi`` is finite), a node that cannot tie or beat it is skipped without finishing
+# its checks; where the utilisation is not needed, it is skipped before the (method-call)
+# circuit check. A node that could be chosen always goes through every check, in order.
+
+
+def _scan_nearest(
+    nodes: Sequence[NodeView],
+    now: float,
+    threshold: float,
+    limit: float,
+    exclude: AbstractSet[str],
+    rej: _Rejections,
+) -> tuple[list[NodeView], str]:
+    """Scan a family for its viable nodes of lowest predicted TTFT: (ties, family reason).
+
+    The reason only means something when the tie list is empty (no viable node).
+    """
+    has_exclude = bool(exclude)
+    n_excl = n_circ = n_health = n_over = n_lat = 0
+    best = lo = hi = _INF
+    ties: list[NodeView] = []
+    drift = False
+    for node in nodes:
+        load = node.load
+        mc = node.max_concurrency
+        pred = node.ttft_ms
+        if pred is None:
+            pred = PRIOR_TTFT_MS
+        if load >= mc:
+            if mc > 0:
+                service = node.service_ms
+                if service is None:
+                    service = PRIOR_SERVICE_MS
+                pred += (load - mc + 1) * service / mc
+            else:
+                pred = _INF
+        if pred > hi:
+            continue
+        if has_exclude and node.id in exclude:
+            n_excl += 1
+            continue
+        if not node.circuit_allows(now):
+            n_circ += 1
+            if len(rej.circuit_ids) < MAX_IDS_IN_RECOMMENDATION:
+                rej.circuit_ids.append(node.id)
+            continue
+        if node.health < threshold:
+            n_health += 1
+            if len(rej.health_ids) < MAX_IDS_IN_RECOMMENDATION:
+                rej.health_ids.append(node.id)
+            continue
+        if mc <= 0 or load >= mc + node.max_queue:
+            n_over += 1
+            continue
+        if pred > limit:
+            n_lat += 1
+            continue
+        if pred < lo:
+            best = pred
+            lo = pred - TIE_MS
+            hi = pred + TIE_MS
+            ties = [node]
+        else:
+            ties.append(node)
+            if pred < best:
+                best = pred
+                lo = pred - TIE_MS
+                hi = pred + TIE_MS
+                drift = True
+    rej.circuit_total += n_circ
+    rej.health_total += n_health
+    if drift:
+        ties = [n for n in ties if _predict(n) <= hi]
+    if ties:
+        return ties, ""
+    if not nodes:
+        return ties, _NO_NODES
+    return ties, _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
+
+
+def _scan_nearest_with_utilisation(
+    nodes: Sequence[NodeView],
+    now: float,
+    threshold: float,
+    limit: float,
+    exclude: AbstractSet[str],
+    rej: _Rejections,
+) -> tuple[list[NodeView], float, str]:
+    """As ``_scan_nearest``, also measuring the family's utilisation: (ties, U, reason)."""
+    has_exclude = bool(exclude)
+    n_excl = n_circ = n_health = n_over = n_lat = 0
+    sum_load = 0
+    sum_cap = 0
+    best = lo = hi = _INF
+    ties: list[NodeView] = []
+    drift = False
+    for node in nodes:
+        if has_exclude and node.id in exclude:
+            n_excl += 1
+            continue
+        if not node.circuit_allows(now):
+            n_circ += 1
+            if len(rej.circuit_ids) < MAX_IDS_IN_RECOMMENDATION:
+                rej.circuit_ids.append(node.id)
+            continue
+        if node.health < threshold:
+            n_health += 1
+            if len(rej.health_ids) < MAX_IDS_IN_RECOMMENDATION:
+                rej.health_ids.append(node.id)
+            continue
+        load = node.load
+        mc = node.max_concurrency
+        sum_load += load
+        sum_cap += mc
+        pred = node.ttft_ms
+        if pred is None:
+            pred = PRIOR_TTFT_MS
+        if load >= mc:
+            if mc <= 0 or load >= mc + node.max_queue:
+                n_over += 1
+                continue
+            service = node.service_ms
+            if service is None:
+                service = PRIOR_SERVICE_MS
+            pred += (load - mc + 1) * service / mc
+        if pred > hi:
+            continue
+        if pred > limit:
+            n_lat += 1
+            continue
+        if pred < lo:
+            best = pred
+            lo = pred - TIE_MS
+            hi = pred + TIE_MS
+            ties = [node]
+        else:
+            ties.append(node)
+            if pred < best:
+                best = pred
+                lo = pred - TIE_MS
+                hi = pred + TIE_MS
+                drift = True
+    rej.circuit_total += n_circ
+    rej.health_total += n_health
+    if drift:
+        ties = [n for n in ties if _predict(n) <= hi]
+    if ties:
+        return ties, sum_load / sum_cap, ""
+    if not nodes:
+        return ties, _INF, _NO_NODES
+    return ties, _INF, _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
+
+
+def _scan_least_loaded(
+    nodes: Sequence[NodeView],
+    now: float,
+    threshold: float,
+    exclude: AbstractSet[str],
+    rej: _Rejections,
+) -> tuple[list[NodeView], float, str]:
+    """Scan a family for its least loaded viable nodes (no policy): (ties, their ratio, reason)."""
+    has_exclude = bool(exclude)
+    n_excl = n_circ = n_health = n_over = 0
+    best = lo = hi = _INF
+    ties: list[NodeView] = []
+    drift = False
+    for node in nodes:
+        load = node.load
+        mc = node.max_concurrency
+        ratio = load / mc if mc > 0 else _INF
+        if ratio > hi:
+            continue
+        if has_exclude and node.id in exclude:
+            n_excl += 1
+            continue
+        if not node.circuit_allows(now):
+            n_circ += 1
+            if len(rej.circuit_ids) < MAX_IDS_IN_RECOMMENDATION:
+                rej.circuit_ids.append(node.id)
+            continue
+        if node.health < threshold:
+            n_health += 1
+            if len(rej.health_ids) < MAX_IDS_IN_RECOMMENDATION:
+                rej.health_ids.append(node.id)
+            continue
+        if mc <= 0 or load >= mc + node.max_queue:
+            n_over += 1
+            continue
+        if ratio < lo:
+            best = ratio
+            lo = ratio - TIE_MS
+            hi = ratio + TIE_MS
+            ties = [node]
+        else:
+            ties.append(node)
+            if ratio < best:
+                best = ratio
+                lo = ratio - TIE_MS
+                hi = ratio + TIE_MS
+                drift = True
+    rej.circuit_total += n_circ
+    rej.health_total += n_health
+    if drift:
+        ties = [n for n in ties if n.load / n.max_concurrency <= hi]
+    if ties:
+        return ties, best, ""
+    if not nodes:
+        return ties, best, _NO_NODES
+    return ties, best, _family_reason(n_over, 0, n_circ, n_health, n_excl)
+
+
+def _two_choices(ties: Sequence[NodeView], rng: random.Random) -> int:
+    """Power of two choices among tied nodes: the index of the less loaded of two sampled."""
+    n = len(ties)
+    if n == 1:
+        return 0
+    i = rng.randrange(n)
+    j = rng.randrange(n - 1)
+    if j >= i:
+        j += 1
+    a = ties[i]
+    b = ties[j]
+    if b.load / max(b.max_concurrency, 1) < a.load / max(a.max_concurrency, 1):
+        return j
+    return i
+
+
+def _saving(fleet: FleetView, family: str, next_family: str | None) -> float:
+    """Relative cost saving of staying on ``family`` rather than moving to ``next_family``."""
+    if next_family is None:
+        return 0.5
+    this_cost = fleet.family_cost(family)
+    next_cost = fleet.family_cost(next_family)
+    if this_cost is None or next_cost is None:
+        return 0.5
+    if next_cost <= 0:
+        return 0.0
+    s = (next_cost - this_cost) / next_cost
+    return 0.0 if s < 0.0 else 1.0 if s > 1.0 else s
+
+
+# --------------------------------------------------------------------------------------------
+# recommendation
+
+
+def _ids(ids: list[str], total: int) -> str:
+    text = ", ".join(ids)
+    if total > len(ids):
+        text += f" and {total - len(ids)} more"
+    return text
+
+
+def _recommend(
+    model: str, evaluated: Sequence[FamilyEvaluation], rej: _Rejections, scope: str
+) -> str:
+    reasons = {e.rejected_reason for e in evaluated}
+    if _OVER in reasons:
+        return "increase fleet capacity or enable queue_on_saturation"
+    hints: list[str] = []
+    if _HEALTH in reasons:
+        hints.append(f"check the health of nodes {_ids(rej.health_ids, rej.health_total)}")
+    if _CIRCUIT in reasons:
+        hints.append(
+            f"nodes {_ids(rej.circuit_ids, rej.circuit_total)} are failing; "
+            "check them or wait for the circuit breaker to close"
+        )
+    if _LATENCY in reasons:
+        hints.append("raise latency_target_ms or add capacity to the chain's families")
+    if _NO_NODES in reasons or not evaluated:
+        hints.append(f"register nodes serving {model} in {scope}")
+    if _EXCLUDED in reasons:
+        hints.append("every candidate node failed for this request; see the attempts")
+    return "; ".join(hints)
+
+
+# --------------------------------------------------------------------------------------------
+# route
+
+
+def route(
+    policy: PolicyView | None,
+    model: str,
+    fleet: FleetView,
+    *,
+    now: float,
+    rng: random.Random,
+    pinned_family: str | None = None,
+    exclude: AbstractSet[str] = frozenset(),
+    health_threshold: float = 0.5,
+) -> Decision | NoRoute:
+    """Choose the node for one request of ``model`` under ``policy`` (see the module docs).
+
+    ``now`` is the time the circuit breakers are asked about, ``rng`` the only source of
+    randomness (power-of-two-choices tie breaks), ``pinned_family`` restricts the walk to one
+    family, ``exclude`` holds the ids of nodes already tried for this request, and
+    ``health_threshold`` applies only when ``policy`` is None (a policy brings its own).
+    """
+    if policy is None:
+        return _route_without_policy(
+            model, fleet, now, rng, pinned_family, exclude, health_threshold
+        )
+
+    mode = policy.cost_priority
+    if mode not in ("cost", "latency", "balanced"):
+        raise ValueError(
+            f"policy {policy.name!r}: cost_priority must be 'cost', 'latency' or 'balanced', "
+            f"not {mode!r}"
+        )
+    chain: Sequence[str]
+    if pinned_family is not None:
+        chain = (pinned_family,)
+    else:
+        chain = policy.accelerator_chain
+        if len(set(chain)) != len(chain):
+            chain = tuple(dict.fromkeys(chain))
+    target = policy.latency_target_ms
+    if target is None:
+        limit = _INF
+    elif mode == "cost":
+        limit = target * COST_LATENCY_MARGIN
+    else:
+        limit = float(target)
+    threshold = policy.health_threshold
+    rej = _Rejections()
+    evaluated: list[FamilyEvaluation] = []
+    fallback: tuple[int, str, int, list[NodeView]] | None = None
+    last = len(chain) - 1
+
+    for i, family in enumerate(chain):
+        nodes = fleet.nodes_for(model, family)
+        if mode == "cost":
+            ties, reason = _scan_nearest(nodes, now, threshold, limit, exclude, rej)
+        else:
+            ties, util, reason = _scan_nearest_with_utilisation(
+                nodes, now, threshold, limit, exclude, rej
+            )
+        if not ties:
+            evaluated.append(FamilyEvaluation(family, len(nodes), reason))
+            continue
+        if mode != "cost":
+            ceiling = HIGH_WATER
+            if mode == "balanced":
+                nxt = chain[i + 1] if i < last else None
+                ceiling += BALANCED_SPAN * _saving(fleet, family, nxt)
+            if util >= ceiling:
+                if fallback is None:
+                    fallback = (len(evaluated), family, len(nodes), ties)
+                evaluated.append(FamilyEvaluation(family, len(nodes), _ABOVE_HIGH_WATER))
+                continue
+        evaluated.append(FamilyEvaluation(family, len(nodes), None))
+        node = ties[_two_choices(ties, rng)]
+        return Decision(node, family, _predict(node), tuple(evaluated))
+
+    if fallback is not None:
+        index, family, checked, ties = fallback
+        evaluated[index] = FamilyEvaluation(family, checked, None)
+        node = ties[_two_choices(ties, rng)]
+        return Decision(node, family, _predict(node), tuple(evaluated))
+
+    return NoRoute(
+        policy.name,
+        tuple(evaluated),
+        NO_VIABLE_NODE,
+        _recommend(model, evaluated, rej, "the chain's families"),
+    )
+
+
+def _route_without_policy(
+    model: str,
+    fleet: FleetView,
+    now: float,
+    rng: random.Random,
+    pinned_family: str | None,
+    exclude: AbstractSet[str],
+    threshold: float,
+) -> Decision | NoRoute:
+    families: Sequence[str] = (pinned_family,) if pinned_family is not None else fleet.families()
+    rej = _Rejections()
+    scans: list[tuple[str, int, list[NodeView], float, str]] = []
+    best = _INF
+    for family in families:
+        nodes = fleet.nodes_for(model, family)
+        ties, ratio, reason = _scan_least_loaded(nodes, now, threshold, exclude, rej)
+        scans.append((family, len(nodes), ties, ratio, reason))
+        if ratio < best:
+            best = ratio
+
+    if best == _INF:
+        evaluated = tuple(FamilyEvaluation(f, n, reason) for f, n, _, _, reason in scans)
+        return NoRoute(
+            None,
+            evaluated,
+            NO_VIABLE_NODE,
+            _recommend(model, evaluated, rej, "the fleet's families"),
+        )
+
+    hi = best + TIE_MS
+    candidates: list[NodeView] = []
+    owners: list[str] = []
+    for family, _, ties, ratio, _ in scans:
+        if ratio == best:  # every tie of this family is within TIE_MS of the best
+            candidates += ties
+            owners += [family] * len(ties)
+        elif ratio <= hi:
+            for node in ties:
+                if node.load / node.max_concurrency <= hi:
+                    candidates.append(node)
+                    owners.append(family)
+    index = _two_choices(candidates, rng)
+    chosen = candidates[index]
+    chosen_family = owners[index]
+    trace = tuple(
+        FamilyEvaluation(
+            f,
+            n,
+            None if f == chosen_family else (_NOT_SELECTED if ties else reason),
+        )
+        for f, n, ties, _, reason in scans
+    )
+    return Decision(chosen, chosen_family, _predict(chosen), trace)

@@ -1,0 +1,470 @@
+"""One simulated inference node as a raw ASGI app: a real bounded queue in front of real
+slots, paced token streaming, fault injection and abort on client disconnect.
+
+The point of the simulation is that the client's routing, retry and cancellation logic meet
+the same behaviour as against vLLM: requests really wait for a slot (FIFO, bounded, 503 when
+full), really hold it while generating, and really let go of it the moment the client closes
+its connection. Raw ASGI (no framework) keeps the per-request cost low, since the node also
+serves the benchmarks.
+
+Disconnects are watched by a small task reading `receive()` alongside the request; when it
+sees `http.disconnect` it cancels the request's task wherever it is (queued or generating).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import random
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import httpx2
+
+from zml.sim.metrics import CONTENT_TYPE, LoadSnapshot, MetricsExporter
+from zml.sim.protocol import (
+    ApiError,
+    ChatRequest,
+    ChunkEncoder,
+    Plan,
+    completion_body,
+    parse_request,
+    plan_reply,
+)
+from zml.sim.spec import FaultSpec, SimNodeSpec
+
+__all__ = ["SimNode", "SimStats", "SimulatedDrop"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+class SimulatedDrop(httpx2.RemoteProtocolError):
+    """Raised by a node to drop a connection on purpose (the `drop_rate` fault).
+
+    Under a real server the connection is closed mid-response; in-process (through
+    `httpx2.ASGITransport`) the client sees this exception, which is an
+    `httpx2.RemoteProtocolError` like the one a real cut connection produces.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class SimStats:
+    """A snapshot of a node's counters and load."""
+
+    requests_total: int
+    """Chat requests received."""
+    completed_total: int
+    """Requests answered in full."""
+    aborted_total: int
+    """Requests given up because the client disconnected (queued or generating)."""
+    rejected_total: int
+    """Requests answered with an error status (validation, auth, queue full, injected)."""
+    dropped_total: int
+    """Requests whose connection the node dropped on purpose (faults)."""
+    running: int
+    """Requests generating now."""
+    waiting: int
+    """Requests waiting for a slot now."""
+    running_peak: int
+    """Most requests generating at once since start or `reset_peak()`."""
+
+    def as_dict(self) -> dict[str, int]:
+        """The snapshot as a JSON-ready dict."""
+        return dataclasses.asdict(self)
+
+
+class _Slots:
+    """A FIFO semaphore: a freed slot goes straight to the longest waiter."""
+
+    __slots__ = ("_free", "_waiters")
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_acquire(self) -> bool:
+        if self._free and not self._waiters:
+            self._free -= 1
+            return True
+        return False
+
+    async def acquire(self) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()
+            else:
+                try:
+                    self._waiters.remove(future)
+                except ValueError:
+                    pass
+            raise
+
+    def release(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            future = waiters.popleft()
+            if not future.done():
+                future.set_result(None)
+                return
+        self._free += 1
+
+
+class _Guard:
+    """Shared between a request and its disconnect watcher."""
+
+    __slots__ = ("active", "fired")
+
+    def __init__(self) -> None:
+        self.active = True
+        self.fired = False
+
+
+def _hit(rng: random.Random, rate: float) -> bool:
+    return rate >= 1.0 or (rate > 0.0 and rng.random() < rate)
+
+
+async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+    delay = deadline - loop.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The request body, or None when the client went away first."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _watch(receive: Receive, task: asyncio.Task[Any], guard: _Guard) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if guard.active:
+                guard.fired = True
+                task.cancel()
+            return
+
+
+async def _send_bytes(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = _JSON
+) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send: Send, status: int, payload: Any) -> None:
+    await _send_bytes(send, status, json.dumps(payload).encode())
+
+
+async def _send_error(send: Send, error: ApiError, headers: list[tuple[bytes, bytes]] = _JSON) -> None:
+    await _send_bytes(send, error.status, error.body(), headers)
+
+
+class SimNode:
+    """One simulated node: its state and its ASGI app (the instance itself is the app).
+
+    `time_scale` multiplies every delay (time to first token, token pacing, stalls): tests use
+    e.g. 0.01, benchmarks may use 0 for no pacing at all. Counters may be read from any
+    thread; requests are served on one event loop.
+    """
+
+    def __init__(self, spec: SimNodeSpec, *, time_scale: float = 1.0) -> None:
+        if time_scale < 0:
+            raise ValueError(f"time_scale must be >= 0, got {time_scale!r}")
+        self.spec = spec
+        self.time_scale = time_scale
+        ttft_ms, tokens_per_s = spec.profile
+        self._first_delay = ttft_ms / 1000.0 * time_scale
+        self._per_token = time_scale / tokens_per_s
+        self._faults = spec.faults
+        self._fault_rng = random.Random(spec.faults.seed)
+        self._slots = _Slots(spec.max_concurrency)
+        self._running_by_model = dict.fromkeys(spec.models, 0)
+        self._waiting_by_model = dict.fromkeys(spec.models, 0)
+        self._running = 0
+        self._waiting = 0
+        self._peak = 0
+        self._requests_total = 0
+        self._completed_total = 0
+        self._aborted_total = 0
+        self._rejected_total = 0
+        self._dropped_total = 0
+        self._auth = None if spec.api_key is None else f"Bearer {spec.api_key}".encode()
+        self._exporter = None if spec.kind == "openai" else MetricsExporter(spec.kind, self._load)
+        self._models_body = json.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": 0, "owned_by": "zml-sim"} for m in spec.models
+                ],
+            }
+        ).encode()
+        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("GET", "/health"): self._health,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", "/_sim/stats"): self._stats,
+            ("POST", "/_sim/faults"): self._set_faults,
+            ("POST", "/_sim/reset_peak"): self._reset_peak,
+        }
+        self._paths = {path for _, path in self._routes}
+
+    # -- public state -------------------------------------------------------------------
+
+    @property
+    def faults(self) -> FaultSpec:
+        """The faults in force."""
+        return self._faults
+
+    def set_faults(self, faults: FaultSpec) -> None:
+        """Replace the injected faults (and restart their generator from `faults.seed`)."""
+        self._fault_rng = random.Random(faults.seed)
+        self._faults = faults
+
+    @property
+    def stats(self) -> SimStats:
+        """A snapshot of the counters and the current load."""
+        return SimStats(
+            requests_total=self._requests_total,
+            completed_total=self._completed_total,
+            aborted_total=self._aborted_total,
+            rejected_total=self._rejected_total,
+            dropped_total=self._dropped_total,
+            running=self._running,
+            waiting=self._waiting,
+            running_peak=self._peak,
+        )
+
+    def reset_peak(self) -> None:
+        """Restart `running_peak` from the number running now."""
+        self._peak = self._running
+
+    def _load(self) -> LoadSnapshot:
+        return LoadSnapshot(
+            running=dict(self._running_by_model),
+            waiting=dict(self._waiting_by_model),
+            requests_total=self._requests_total,
+            aborted_total=self._aborted_total,
+            running_peak=self._peak,
+        )
+
+    # -- ASGI -----------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The ASGI entry point (http and lifespan scopes)."""
+        kind = scope["type"]
+        if kind == "http":
+            handler = self._routes.get((scope["method"], scope["path"]))
+            if handler is not None:
+                await handler(scope, receive, send)
+            elif scope["path"] in self._paths:
+                await _send_error(send, ApiError(405, "Method Not Allowed", code="method_not_allowed"))
+            else:
+                await _send_error(send, ApiError(404, f"Not found: {scope['path']}", type="NotFoundError"))
+        elif kind == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _send_bytes(send, 200, b'{"status":"ok"}')
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _send_bytes(send, 200, self._models_body)
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._exporter is None:
+            await _send_error(send, ApiError(404, "Not found: /metrics", type="NotFoundError"))
+            return
+        await _send_bytes(send, 200, self._exporter.render(), [(b"content-type", CONTENT_TYPE.encode())])
+
+    async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _send_json(send, 200, self.stats.as_dict())
+
+    async def _reset_peak(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.reset_peak()
+        await _send_json(send, 200, self.stats.as_dict())
+
+    async def _set_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await _read_body(receive)
+        if body is None:
+            return
+        try:
+            fields = json.loads(body or b"{}")
+            if not isinstance(fields, dict):
+                raise TypeError("faults must be a JSON object")
+            faults = FaultSpec(**fields)
+        except (ValueError, TypeError) as exc:
+            await _send_error(send, ApiError(400, f"bad faults: {exc}"))
+            return
+        self.set_faults(faults)
+        await _send_json(send, 200, dataclasses.asdict(faults))
+
+    # -- chat completions ---------------------------------------------------------------
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._requests_total += 1
+        body = await _read_body(receive)
+        if body is None:
+            self._aborted_total += 1
+            return
+        if self._auth is not None and not self._authorized(scope):
+            self._rejected_total += 1
+            await _send_error(
+                send, ApiError(401, "Invalid or missing API key.", type="authentication_error", code="invalid_api_key")
+            )
+            return
+        try:
+            request = parse_request(body, self.spec.models)
+        except ApiError as error:
+            self._rejected_total += 1
+            await _send_error(send, error)
+            return
+        faults, rng = self._faults, self._fault_rng
+        if _hit(rng, faults.error_rate):
+            self._rejected_total += 1
+            await self._send_injected_error(send, faults)
+            return
+        drop = _hit(rng, faults.drop_rate)
+        malformed = request.stream and _hit(rng, faults.malformed_rate)
+        queued = not self._slots.try_acquire()
+        if queued and self._waiting >= self.spec.queue_size:
+            self._rejected_total += 1
+            await _send_error(
+                send,
+                ApiError(
+                    503,
+                    f"Server is overloaded: {self.spec.queue_size} requests already waiting.",
+                    type="ServiceUnavailableError",
+                    code="queue_full",
+                ),
+            )
+            return
+        await self._serve(request, receive, send, queued, drop, malformed)
+
+    def _authorized(self, scope: Scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                return bool(value == self._auth)
+        return False
+
+    async def _send_injected_error(self, send: Send, faults: FaultSpec) -> None:
+        status = faults.error_status
+        headers = list(_JSON)
+        if faults.retry_after_s is not None and status in (429, 503):
+            headers.append((b"retry-after", str(math.ceil(faults.retry_after_s)).encode()))
+            headers.append((b"retry-after-ms", str(round(faults.retry_after_s * 1000)).encode()))
+        kind = "rate_limit_error" if status == 429 else "server_error" if status >= 500 else "invalid_request_error"
+        error = ApiError(status, f"Injected fault: HTTP {status}.", type=kind, code="sim_injected_fault")
+        await _send_error(send, error, headers)
+
+    async def _serve(
+        self, request: ChatRequest, receive: Receive, send: Send, queued: bool, drop: bool, malformed: bool
+    ) -> None:
+        """Hold a slot (after queueing if `queued`) and answer, aborting on disconnect."""
+        task = asyncio.current_task()
+        assert task is not None
+        guard = _Guard()
+        watcher = asyncio.ensure_future(_watch(receive, task, guard))
+        model = request.model
+        holding = not queued
+        try:
+            if queued:
+                self._waiting += 1
+                self._waiting_by_model[model] += 1
+                try:
+                    await self._slots.acquire()
+                finally:
+                    self._waiting -= 1
+                    self._waiting_by_model[model] -= 1
+                holding = True
+            self._running += 1
+            self._running_by_model[model] += 1
+            if self._running > self._peak:
+                self._peak = self._running
+            try:
+                plan = plan_reply(request)
+                if request.stream:
+                    await self._stream(request, plan, send, drop, malformed)
+                else:
+                    await self._respond(plan, send, drop)
+            finally:
+                self._running -= 1
+                self._running_by_model[model] -= 1
+            guard.active = False
+            self._completed_total += 1
+        except asyncio.CancelledError:
+            if not guard.fired:
+                raise
+            if sys.version_info >= (3, 11):
+                task.uncancel()
+            self._aborted_total += 1
+        except OSError:
+            self._aborted_total += 1
+        except SimulatedDrop:
+            self._dropped_total += 1
+            raise
+        finally:
+            guard.active = False
+            watcher.cancel()
+            if holding:
+                self._slots.release()
+
+    async def _respond(self, plan: Plan, send: Send, drop: bool) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time() + self._first_delay + self._faults.stall_s * self.time_scale
+        steps = max(1, plan.completion_tokens)
+        await _sleep_until(loop, start + (steps - 1) * self._per_token)
+        body = completion_body(plan, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
+        headers = [*_JSON, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if drop:
+            raise SimulatedDrop("simulated node dropped the connection before the body")
+        await send({"type": "http.response.body", "body": body})
+
+    async def _stream(self, request: ChatRequest, plan: Plan, send: Send, drop: bool, malformed: bool) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time() + self._first_delay + self._faults.stall_s * self.time_scale
+        per_token = self._per_token
+        encoder = ChunkEncoder(plan, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
+        await _sleep_until(loop, start)
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        for i in range(encoder.steps):
+            if i:
+                await _sleep_until(loop, start + i * per_token)
+            if drop and i == 3:
+                break
+            chunk = encoder.step(i)
+            if malformed and i == 0:
+                chunk += encoder.malformed()
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if drop:
+            raise SimulatedDrop("simulated node dropped the connection mid-stream")
+        await send({"type": "http.response.body", "body": encoder.tail(request.include_usage)})

@@ -1,0 +1,421 @@
+"""The OpenAI chat-completions protocol as the simulated node speaks it: validation, the reply
+plan, and the JSON / SSE encodings. Pure functions, no I/O and no clock, so the node's ASGI
+code only paces and sends what is decided here.
+
+Reply rules (deterministic for a given model, messages and `seed`):
+- a tool is called when `tools` are given, `tool_choice` is not "none" and the last message is
+  not a tool result (after a tool result the node always answers in text, so agent loops end):
+  a named `tool_choice` calls that tool; "required" calls the first tool the last message
+  mentions, else the first tool; "auto" (the default) calls the first tool whose name (or the
+  name with `_`/`-` read as spaces) appears, case-insensitively, in the last message when that
+  message is from the user;
+- else `response_format` json_object / json_schema gives JSON content (json_object: an object
+  with "answer" and "confidence");
+- else prose of 16-48 words, sized by the request's own seed.
+`max_tokens` (or `max_completion_tokens`) then cuts content (finish_reason "length") and the
+first `stop` sequence truncates it (finish_reason "stop"); tool calls are never cut.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from zml.sim.schemagen import SchemaGenerationError, generate_json
+from zml.sim.textgen import (
+    count_prompt_tokens,
+    json_pieces,
+    message_text,
+    request_rng,
+    synth_tokens,
+)
+
+__all__ = ["ApiError", "ChatRequest", "ChunkEncoder", "Plan", "ToolCall", "parse_request", "plan_reply"]
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_JSON_OBJECT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "minLength": 1},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+    "required": ["answer", "confidence"],
+}
+
+
+class ApiError(Exception):
+    """An error answered as OpenAI-style JSON: `{"error": {"message", "type", "param", "code"}}`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+
+    def body(self) -> bytes:
+        """The JSON error document."""
+        error = {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+        return json.dumps({"error": error}).encode()
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """The fields of a chat request that shape the reply."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    stop: tuple[str, ...]
+    seed: int
+    tools: list[dict[str, Any]]
+    tool_choice: Any
+    response_format: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One function call of a reply."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole reply, decided before the first token is paced out.
+
+    `pieces` are content tokens, or for a tool call the fragments of its arguments.
+    """
+
+    model: str
+    prompt_tokens: int
+    pieces: list[str]
+    tool_call: ToolCall | None
+    finish_reason: str
+
+    @property
+    def completion_tokens(self) -> int:
+        """Generated tokens (the tool name counts as one)."""
+        return len(self.pieces) + (1 if self.tool_call is not None else 0)
+
+    @property
+    def content(self) -> str | None:
+        """The full content, or None for a tool call."""
+        return None if self.tool_call is not None else "".join(self.pieces)
+
+    def usage(self) -> dict[str, int]:
+        """The OpenAI `usage` object."""
+        completion = self.completion_tokens
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def _int_or_none(body: Mapping[str, Any], key: str, minimum: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise _bad(f"{key} must be an integer >= {minimum}, got {value!r}", key)
+    return value
+
+
+def parse_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
+    """Validate a chat-completions body; raise `ApiError` (400 / 404) as vLLM would."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _bad(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model is required", "model")
+    if model not in served:
+        raise ApiError(
+            404,
+            f"The model `{model}` does not exist.",
+            type="NotFoundError",
+            code="model_not_found",
+            param="model",
+        )
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages must be a non-empty list", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise _bad(f"messages[{i}] must be an object with a valid role", "messages")
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise _bad("only n=1 is supported", "n")
+    stream = body.get("stream") or False
+    if not isinstance(stream, bool):
+        raise _bad("stream must be a boolean", "stream")
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    max_tokens = _int_or_none(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _int_or_none(body, "max_tokens", 1)
+    seed = _int_or_none(body, "seed", -(2**63)) or 0
+    stop_raw = body.get("stop")
+    if stop_raw is None:
+        stop: tuple[str, ...] = ()
+    elif isinstance(stop_raw, str):
+        stop = (stop_raw,) if stop_raw else ()
+    elif isinstance(stop_raw, list) and all(isinstance(s, str) for s in stop_raw):
+        stop = tuple(s for s in stop_raw if s)
+    else:
+        raise _bad("stop must be a string or a list of strings", "stop")
+    tools = _parse_tools(body.get("tools"))
+    tool_choice = _parse_tool_choice(body.get("tool_choice"), tools)
+    response_format = _parse_response_format(body.get("response_format"))
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        stream=stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        stop=stop,
+        seed=seed,
+        tools=tools,
+        tool_choice=tool_choice,
+        response_format=response_format,
+    )
+
+
+def _parse_tools(raw: Any) -> list[dict[str, Any]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise _bad("tools must be a list", "tools")
+    for i, tool in enumerate(raw):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or not function["name"]
+        ):
+            raise _bad(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", "tools")
+        params = function.get("parameters")
+        if params is not None and not isinstance(params, (dict, bool)):
+            raise _bad(f"tools[{i}].function.parameters must be a JSON Schema object", "tools")
+    return raw
+
+
+def _parse_tool_choice(raw: Any, tools: list[dict[str, Any]]) -> Any:
+    if raw is None:
+        return "auto" if tools else "none"
+    if raw in ("none", "auto", "required"):
+        if raw == "required" and not tools:
+            raise _bad('tool_choice "required" needs tools', "tool_choice")
+        return raw
+    if isinstance(raw, dict) and raw.get("type") == "function":
+        function = raw.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not any(t["function"]["name"] == name for t in tools):
+            raise _bad(f"tool_choice names a tool that is not in tools: {name!r}", "tool_choice")
+        return raw
+    raise _bad("tool_choice must be none, auto, required or a named function", "tool_choice")
+
+
+def _parse_response_format(raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return _JSON_OBJECT_SCHEMA
+    if kind == "json_schema":
+        spec = raw.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is True:
+            return {"type": "object"}
+        if not isinstance(schema, dict):
+            raise _bad("response_format.json_schema.schema must be a JSON Schema", "response_format")
+        return schema
+    raise _bad("response_format.type must be text, json_object or json_schema", "response_format")
+
+
+def _mentioned_tool(tools: list[dict[str, Any]], message: Mapping[str, Any]) -> dict[str, Any] | None:
+    text = message_text(message).lower()
+    if not text:
+        return None
+    for tool in tools:
+        name = tool["function"]["name"].lower()
+        if name in text or name.replace("_", " ").replace("-", " ") in text:
+            return tool
+    return None
+
+
+def _pick_tool(request: ChatRequest) -> dict[str, Any] | None:
+    choice = request.tool_choice
+    last = request.messages[-1]
+    if not request.tools or choice == "none" or last.get("role") == "tool":
+        return None
+    if isinstance(choice, dict):
+        name = choice["function"]["name"]
+        return next(t for t in request.tools if t["function"]["name"] == name)
+    if choice == "required":
+        return _mentioned_tool(request.tools, last) or request.tools[0]
+    if last.get("role") == "user":
+        return _mentioned_tool(request.tools, last)
+    return None
+
+
+def _structured(schema: Any, rng: random.Random) -> str:
+    try:
+        value = generate_json(schema, rng)
+    except SchemaGenerationError:
+        value = {}
+    return json.dumps(value, ensure_ascii=False)
+
+
+def plan_reply(request: ChatRequest) -> Plan:
+    """Decide the complete reply to a validated request (see the module docstring)."""
+    rng = request_rng(request.model, request.messages, request.seed)
+    prompt_tokens = count_prompt_tokens(request.messages, request.tools or None)
+    tool = _pick_tool(request)
+    if tool is not None:
+        function = tool["function"]
+        params = function.get("parameters")
+        arguments = "{}" if params is None or params is True or params == {} else _structured(params, rng)
+        call = ToolCall(f"call_{rng.getrandbits(96):024x}", function["name"], arguments)
+        return Plan(request.model, prompt_tokens, json_pieces(arguments), call, "tool_calls")
+    if request.response_format is not None:
+        pieces = json_pieces(_structured(request.response_format, rng))
+    else:
+        pieces = synth_tokens(rng, rng.randint(16, 48))
+    finish = "stop"
+    if request.max_tokens is not None and len(pieces) > request.max_tokens:
+        pieces = pieces[: request.max_tokens]
+        finish = "length"
+    if request.stop:
+        pieces, cut = _apply_stop(pieces, request.stop)
+        if cut:
+            finish = "stop"
+    return Plan(request.model, prompt_tokens, pieces, None, finish)
+
+
+def _apply_stop(pieces: list[str], stops: tuple[str, ...]) -> tuple[list[str], bool]:
+    text = "".join(pieces)
+    found = [i for i in (text.find(s) for s in stops) if i >= 0]
+    if not found:
+        return pieces, False
+    end = min(found)
+    out: list[str] = []
+    used = 0
+    for piece in pieces:
+        if used + len(piece) <= end:
+            out.append(piece)
+            used += len(piece)
+            continue
+        if end > used:
+            out.append(piece[: end - used])
+        break
+    return out, True
+
+
+def completion_body(plan: Plan, completion_id: str, created: int) -> bytes:
+    """The non-streamed `chat.completion` JSON."""
+    message: dict[str, Any] = {"role": "assistant", "content": plan.content}
+    if plan.tool_call is not None:
+        call = plan.tool_call
+        message["tool_calls"] = [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        ]
+    return json.dumps(
+        {
+            "id": completion_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": plan.model,
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": plan.finish_reason}
+            ],
+            "usage": plan.usage(),
+        }
+    ).encode()
+
+
+class ChunkEncoder:
+    """Encodes the SSE events of one streamed reply; a chunk costs one small `json.dumps`."""
+
+    __slots__ = ("_head", "_plan", "_completion_id", "_created")
+
+    def __init__(self, plan: Plan, completion_id: str, created: int) -> None:
+        self._plan = plan
+        self._completion_id = completion_id
+        self._created = created
+        self._head = (
+            f'data: {{"id":"{completion_id}","object":"chat.completion.chunk","created":{created},'
+            f'"model":{json.dumps(plan.model)},"choices":[{{"index":0,"delta":'
+        ).encode()
+
+    def delta(self, delta: Mapping[str, Any]) -> bytes:
+        """One `chat.completion.chunk` event carrying `delta`."""
+        return self._head + json.dumps(delta).encode() + b',"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def step(self, index: int) -> bytes:
+        """The event of the index-th generated token (role chunk first when index is 0)."""
+        plan = self._plan
+        call = plan.tool_call
+        if call is None:
+            event = self.delta({"content": plan.pieces[index]}) if index < len(plan.pieces) else b""
+            if index == 0:
+                return self.delta({"role": "assistant", "content": ""}) + event
+            return event
+        if index == 0:
+            head = {"index": 0, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            return self.delta({"role": "assistant", "content": None}) + self.delta({"tool_calls": [head]})
+        fragment = {"index": 0, "function": {"arguments": plan.pieces[index - 1]}}
+        return self.delta({"tool_calls": [fragment]})
+
+    @property
+    def steps(self) -> int:
+        """How many paced steps the reply has (at least one, for the role chunk)."""
+        return max(1, self._plan.completion_tokens)
+
+    def malformed(self) -> bytes:
+        """An event whose data is not valid JSON (a cut-off chunk)."""
+        return self._head + b'{"content": "unterminated\n\n'
+
+    def tail(self, include_usage: bool) -> bytes:
+        """The final chunk with finish_reason, the optional usage chunk, and `[DONE]`."""
+        plan = self._plan
+        out = self._head + b'{},"logprobs":null,"finish_reason":"' + plan.finish_reason.encode() + b'"}]}\n\n'
+        if include_usage:
+            usage = {
+                "id": self._completion_id,
+                "object": "chat.completion.chunk",
+                "created": self._created,
+                "model": plan.model,
+                "choices": [],
+                "usage": plan.usage(),
+            }
+            out += b"data: " + json.dumps(usage).encode() + b"\n\n"
+        return out + b"data: [DONE]\n\n"

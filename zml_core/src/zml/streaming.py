@@ -1,0 +1,289 @@
+"""Streamed answers: ``Stream`` (sync) and ``AsyncStream`` (async).
+
+A stream is dispatched like any request (routing, failover) until its first chunk arrives;
+from then on it belongs to one node, and a failure raises instead of retrying. Iteration is a
+generator that only the ``for`` loop holds, so leaving the loop early (``break``, an exception,
+task cancellation) closes the generator and with it the HTTP connection: the node sees the
+disconnect and drops the request. ``close()`` / ``aclose()`` and the context-manager forms do
+the same explicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import httpx2
+
+from .dispatch import Call, Step, Wait
+from .errors import NodeConnectionError, NodeError
+from .transport import StreamDecoder, aiter_events, check_status, iter_events, stream_error
+from .types import ChatCompletionChunk, RoutingInfo, Usage, build_chunk
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = ["AsyncStream", "Stream"]
+
+
+class _StreamState:
+    """What a sync and an async stream share once dispatched (no I/O here)."""
+
+    __slots__ = ("call", "closed", "decoder", "events", "first", "response", "step", "usage")
+
+    def __init__(self, call: Call, step: Step, response: httpx2.Response, events: Any,
+                 decoder: StreamDecoder, first: dict[str, Any] | None) -> None:
+        self.call = call
+        self.step = step
+        self.response = response
+        self.events = events  # the one SSE event iterator of this response (sync or async)
+        self.decoder = decoder
+        self.first = first
+        self.closed = False
+        self.usage: Usage | None = None
+
+    def chunk(self, data: dict[str, Any]) -> ChatCompletionChunk:
+        chunk = build_chunk(data, self.step.routing)
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        return chunk
+
+    def finished(self) -> None:
+        self.decoder.finish()
+        self.closed = True
+        self.call.succeeded(self.step)
+
+
+class _StreamInfo:
+    _state: _StreamState | None
+
+    @property
+    def routing(self) -> RoutingInfo | None:
+        """Where the stream went (None for an async stream not yet dispatched)."""
+        return None if self._state is None else self._state.step.routing
+
+    @property
+    def text(self) -> str:
+        """The content received so far."""
+        return "" if self._state is None else self._state.decoder.text
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The finish_reason, once received."""
+        return None if self._state is None else self._state.decoder.finish_reason
+
+    @property
+    def usage(self) -> Usage | None:
+        """Token usage, once the final chunk arrived."""
+        return None if self._state is None else self._state.usage
+
+
+class Stream(_StreamInfo):
+    """A sync stream of :class:`~zml.types.ChatCompletionChunk` (already dispatched).
+
+    Use as ``for chunk in stream`` or ``with client.infer_stream(...) as stream``.
+    """
+
+    def __init__(self, call: Call, http: httpx2.Client, wait: Callable[[Wait], None]) -> None:
+        self._state = None
+        self._state = _open_sync(call, http, wait)
+
+    def __iter__(self) -> Iterator[ChatCompletionChunk]:
+        state = self._state
+        assert state is not None
+        if state.closed:
+            return
+        if state.first is not None:
+            first, state.first = state.first, None
+            yield state.chunk(first)
+        decoder = state.decoder
+        try:
+            if not decoder.done:
+                for data in state.events:
+                    chunk = decoder.feed(data)
+                    if chunk is None:
+                        break
+                    yield state.chunk(chunk)
+            state.finished()
+        except httpx2.HTTPError as exc:
+            raise state.call.broke(state.step, stream_error(exc, decoder)) from exc
+        except NodeError as exc:
+            raise state.call.broke(state.step, exc) from None
+        finally:
+            if not state.closed:
+                state.closed = True
+                state.call.abandoned(state.step)
+            state.response.close()
+
+    def close(self) -> None:
+        """Stop the stream: close the connection (the node drops the request) and free the slot."""
+        state = self._state
+        if state is not None and not state.closed:
+            state.closed = True
+            state.call.abandoned(state.step)
+            state.response.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class AsyncStream(_StreamInfo):
+    """An async stream of :class:`~zml.types.ChatCompletionChunk`, dispatched on first use.
+
+    Use as ``async for chunk in client.infer_stream(...)`` (no ``await`` first) or
+    ``async with client.infer_stream(...) as stream``.
+    """
+
+    def __init__(self, call: Call, http: httpx2.AsyncClient,
+                 wait: Callable[[Wait], Any]) -> None:
+        self._call = call
+        self._http = http
+        self._wait = wait
+        self._state = None
+        self._started = False
+
+    async def _ensure_open(self) -> _StreamState | None:
+        if not self._started:
+            self._started = True
+            self._state = await _open_async(self._call, self._http, self._wait)
+        return self._state
+
+    def __aiter__(self) -> AsyncIterator[ChatCompletionChunk]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[ChatCompletionChunk]:
+        state = await self._ensure_open()
+        if state is None or state.closed:
+            return
+        if state.first is not None:
+            first, state.first = state.first, None
+            yield state.chunk(first)
+        decoder = state.decoder
+        try:
+            if not decoder.done:
+                async for data in state.events:
+                    chunk = decoder.feed(data)
+                    if chunk is None:
+                        break
+                    yield state.chunk(chunk)
+            state.finished()
+        except httpx2.HTTPError as exc:
+            raise state.call.broke(state.step, stream_error(exc, decoder)) from exc
+        except NodeError as exc:
+            raise state.call.broke(state.step, exc) from None
+        finally:
+            if not state.closed:
+                state.closed = True
+                state.call.abandoned(state.step)
+            await state.response.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the stream: close the connection (the node drops the request), free the slot."""
+        state = self._state
+        if state is None:
+            if not self._started:
+                self._started = True
+                self._call.close()
+            return
+        if not state.closed:
+            state.closed = True
+            state.call.abandoned(state.step)
+            await state.response.aclose()
+
+    async def __aenter__(self) -> AsyncStream:
+        await self._ensure_open()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]) -> _StreamState:
+    """The attempt loop for a stream: dispatch until a first chunk arrives."""
+    try:
+        while True:
+            step = call.next()
+            if isinstance(step, Wait):
+                wait(step)
+                continue
+            call.sent(step)
+            decoder = StreamDecoder(step.node.id)
+            response: httpx2.Response | None = None
+            try:
+                request = http.build_request("POST", step.url, content=call.body,
+                                             headers=call.headers, timeout=step.timeout)
+                response = http.send(request, stream=True)
+                if response.status_code >= 400:
+                    response.read()
+                    check_status(response.status_code, response.headers, response.content,
+                                 step.node.id)
+                events = iter_events(response)
+                first = decoder.feed(_no_events(next(events, None), step))
+            except (httpx2.HTTPError, NodeError) as exc:
+                if response is not None:
+                    response.close()
+                err = exc if isinstance(exc, NodeError) else stream_error(exc, decoder)
+                call.failed(step, err)
+                continue
+            except BaseException:
+                if response is not None:
+                    response.close()
+                raise
+            call.first_token(step)
+            return _StreamState(call, step, response, events, decoder, first)
+    except BaseException:
+        call.abandoned()
+        raise
+
+
+def _no_events(data: str | None, step: Step) -> str:
+    if data is None:
+        raise NodeConnectionError(
+            f"node {step.node.id!r} closed the stream before sending any event",
+            node_id=step.node.id,
+        )
+    return data
+
+
+async def _open_async(call: Call, http: httpx2.AsyncClient,
+                      wait: Callable[[Wait], Any]) -> _StreamState:
+    try:
+        while True:
+            step = call.next()
+            if isinstance(step, Wait):
+                await wait(step)
+                continue
+            call.sent(step)
+            decoder = StreamDecoder(step.node.id)
+            response: httpx2.Response | None = None
+            try:
+                request = http.build_request("POST", step.url, content=call.body,
+                                             headers=call.headers, timeout=step.timeout)
+                response = await http.send(request, stream=True)
+                if response.status_code >= 400:
+                    await response.aread()
+                    check_status(response.status_code, response.headers, response.content,
+                                 step.node.id)
+                aevents = aiter_events(response)
+                first = decoder.feed(_no_events(await anext(aevents, None), step))
+            except (httpx2.HTTPError, NodeError) as exc:
+                if response is not None:
+                    await response.aclose()
+                err = exc if isinstance(exc, NodeError) else stream_error(exc, decoder)
+                call.failed(step, err)
+                continue
+            except BaseException:
+                if response is not None:
+                    await response.aclose()
+                raise
+            call.first_token(step)
+            return _StreamState(call, step, response, aevents, decoder, first)
+    except BaseException:
+        call.abandoned()
+        raise
+

@@ -1,0 +1,207 @@
+"""HTTP to nodes: request building, failure mapping, and stream decoding.
+
+Everything that can be written without I/O is (the body and headers, the status-to-error map,
+:class:`StreamDecoder`); the few functions that do I/O come in sync/async pairs of a few lines.
+SSE framing is parsed by httpx2's maintained ``EventSource``; what the events mean (chunks,
+``[DONE]``, integrity) is decided here, once.
+
+Closing a streamed response closes its connection: that is the cancellation signal a node sees
+(vLLM, SGLang and the simulated node drop the request when the client disconnects).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+import httpx2
+
+from .errors import (
+    IncompleteStreamError,
+    NodeConnectionError,
+    NodeError,
+    NodeProtocolError,
+    NodeTimeoutError,
+    status_error,
+)
+
+__all__ = [
+    "StreamDecoder",
+    "auth_headers",
+    "check_status",
+    "completion_url",
+    "decode_completion",
+    "map_transport_error",
+]
+
+_JSON = "application/json"
+
+
+def completion_url(node_url: str) -> str:
+    """The chat completions endpoint of a node whose base URL is ``node_url``."""
+    return node_url + "/v1/chat/completions"
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """Request headers; the API key travels only here, as a Bearer token."""
+    headers = {"content-type": _JSON, "accept": _JSON}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """The request body, serialised once per logical request (reused by every attempt)."""
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def map_transport_error(exc: httpx2.HTTPError, node_id: str) -> NodeError:
+    """A typed zml error for an httpx2 transport failure on ``node_id``."""
+    if isinstance(exc, httpx2.TimeoutException):
+        return NodeTimeoutError(f"node {node_id!r} timed out: {type(exc).__name__}", node_id=node_id)
+    if isinstance(exc, httpx2.TransportError):
+        return NodeConnectionError(
+            f"connection to node {node_id!r} failed: {type(exc).__name__}: {exc}", node_id=node_id
+        )
+    return NodeProtocolError(f"node {node_id!r}: {type(exc).__name__}: {exc}", node_id=node_id)
+
+
+def check_status(status: int, headers: httpx2.Headers, content: bytes, node_id: str) -> None:
+    """Raise the typed error for an HTTP error status (``content`` is the read body)."""
+    if status < 400:
+        return
+    body: object
+    try:
+        body = json.loads(content) if content else None
+    except ValueError:
+        body = content.decode(errors="replace")
+    raise status_error(status, body, retry_after=_retry_after(headers), node_id=node_id)
+
+
+def _retry_after(headers: httpx2.Headers) -> float | None:
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP date: treat as "no hint" rather than guess clocks
+
+
+def decode_completion(content: bytes, node_id: str) -> dict[str, Any]:
+    """A non-streamed response body, checked to be a chat completion object."""
+    try:
+        data = json.loads(content)
+    except ValueError:
+        raise NodeProtocolError(
+            f"node {node_id!r} returned a body that is not JSON: {content[:200]!r}", node_id=node_id
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+        raise NodeProtocolError(
+            f"node {node_id!r} returned JSON that is not a chat completion: {str(data)[:200]}",
+            node_id=node_id,
+        )
+    return data
+
+
+class StreamDecoder:
+    """Turns SSE ``data`` payloads into chunk dicts and checks the stream's integrity.
+
+    Pure: feed it each event's data with :meth:`feed`; call :meth:`finish` when the connection
+    ends. A stream is complete only when ``[DONE]`` arrived, or a ``finish_reason`` arrived and
+    the connection then closed normally; anything else raises :class:`IncompleteStreamError`.
+    """
+
+    __slots__ = ("chunks", "done", "finish_reason", "node_id", "parts")
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.chunks = 0
+        self.done = False
+        self.finish_reason: str | None = None
+        self.parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """The content received so far."""
+        return "".join(self.parts)
+
+    def feed(self, data: str) -> dict[str, Any] | None:
+        """One event's data: the chunk dict, or None for ``[DONE]`` (after which nothing counts)."""
+        if data == "[DONE]":
+            self.done = True
+            return None
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise NodeProtocolError(
+                f"node {self.node_id!r} sent a malformed stream event after {self.chunks} "
+                f"chunks: {data[:200]!r}",
+                node_id=self.node_id,
+            ) from None
+        if not isinstance(chunk, dict):
+            raise NodeProtocolError(
+                f"node {self.node_id!r} sent a stream event that is not an object: {data[:200]!r}",
+                node_id=self.node_id,
+            )
+        if "error" in chunk and "choices" not in chunk:
+            err = chunk["error"]
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            raise NodeProtocolError(
+                f"node {self.node_id!r} reported an error mid-stream: {msg}", node_id=self.node_id
+            )
+        self.chunks += 1
+        for choice in chunk.get("choices") or ():
+            delta = choice.get("delta")
+            if delta:
+                content = delta.get("content")
+                if content:
+                    self.parts.append(content)
+            reason = choice.get("finish_reason")
+            if reason:
+                self.finish_reason = reason
+        return chunk
+
+    def incomplete(self, why: str) -> IncompleteStreamError:
+        """The error for a stream that broke off, carrying what was received."""
+        return IncompleteStreamError(
+            f"stream from node {self.node_id!r} ended early ({why}) after {self.chunks} chunks "
+            f"and {len(self.text)} characters; the answer is incomplete",
+            text=self.text,
+            chunks=self.chunks,
+            node_id=self.node_id,
+        )
+
+    def finish(self) -> None:
+        """The connection ended: raise if the stream is not complete."""
+        if not self.done and self.finish_reason is None:
+            raise self.incomplete("no [DONE] and no finish_reason")
+
+
+def iter_events(response: httpx2.Response) -> Iterator[str]:
+    """The data of each SSE event of a streamed response (sync)."""
+    for event in httpx2.EventSource(response):
+        yield event.data
+
+
+async def aiter_events(response: httpx2.Response) -> AsyncIterator[str]:
+    """The data of each SSE event of a streamed response (async)."""
+    async for event in httpx2.EventSource(response):
+        yield event.data
+
+
+def stream_error(exc: httpx2.HTTPError, decoder: StreamDecoder) -> NodeError:
+    """Map a transport failure while reading a stream to a typed error.
+
+    Before any chunk it is an ordinary (retryable) node failure; after one, the answer is cut
+    short, and the error carries what was received.
+    """
+    if isinstance(exc, httpx2.SSEError):
+        return NodeProtocolError(f"node {decoder.node_id!r}: {exc}", node_id=decoder.node_id)
+    if decoder.chunks == 0:
+        return map_transport_error(exc, decoder.node_id)
+    why = "idle timeout" if isinstance(exc, httpx2.TimeoutException) else type(exc).__name__
+    err = decoder.incomplete(why)
+    err.__cause__ = exc
+    return err
