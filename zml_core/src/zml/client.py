@@ -244,9 +244,11 @@ class Client(_BaseClient):
                 except NodeError as exc:
                     call.failed(step, exc)
                     continue
-                return _completion(data, call.succeeded(step), step.node.id)
-        except BaseException:
-            call.abandoned()
+                completion = _completion(data, step.routing, step.node.id)
+                call.succeeded(step, data.get("usage"))
+                return completion
+        except BaseException as exc:
+            call.ended(exc)
             raise
 
     def infer_stream(
@@ -350,9 +352,11 @@ class AsyncClient(_BaseClient):
                 except NodeError as exc:
                     call.failed(step, exc)
                     continue
-                return _completion(data, call.succeeded(step), step.node.id)
-        except BaseException:
-            call.abandoned()
+                completion = _completion(data, step.routing, step.node.id)
+                call.succeeded(step, data.get("usage"))
+                return completion
+        except BaseException as exc:
+            call.ended(exc)
             raise
 
     def infer_stream(

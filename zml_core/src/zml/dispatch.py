@@ -42,12 +42,13 @@ from .errors import (
     NodeError,
     RateLimitError,
     RoutingError,
+    ZMLError,
     ZMLTimeoutError,
 )
 from .fleet import STATE_LOCK, Fleet, NodeState, Reservation, notify_capacity
 from .policy import Policy
 from .transport import auth_headers, completion_url, encode_body
-from .types import Attempt, RoutingInfo
+from .types import Attempt, Cost, RoutingInfo
 
 __all__ = [
     "FINAL_ERRORS",
@@ -78,6 +79,40 @@ OPENAI_PARAMS = frozenset(
     }
 )
 """Parameters passed through to the node; anything else is a typo and is refused."""
+
+
+class Observer:
+    """What plugins see of a call: the hook points of dispatch (all no-ops here).
+
+    The plugin manager supplies the real one (telemetry, cost attribution). Every call gets
+    ``started`` once, ``routed`` for each dispatch decision, ``attempt_failed`` for each failed
+    attempt, then exactly one of ``completed`` (which returns the request's cost, if known),
+    ``errored`` or ``cancelled``. Implementations must not raise.
+    """
+
+    def started(self, call: Call) -> None:
+        """The call was validated and is about to be routed."""
+
+    def routed(self, call: Call, routing: RoutingInfo) -> None:
+        """A node was chosen and a slot reserved (once per attempt)."""
+
+    def attempt_failed(self, call: Call, attempt: Attempt, error: NodeError) -> None:
+        """An attempt failed before the first token; another may follow."""
+
+    def completed(
+        self, call: Call, routing: RoutingInfo, usage: Mapping[str, Any] | None, held_s: float
+    ) -> Cost | None:
+        """The call succeeded; ``held_s`` is how long it held its slot. Returns its cost."""
+        return None
+
+    def errored(self, call: Call, error: ZMLError) -> None:
+        """The call ended with a zml error (routing, node, timeout...)."""
+
+    def cancelled(self, call: Call) -> None:
+        """The caller went away (task cancelled, stream closed early, an error in its code)."""
+
+
+NULL_OBSERVER = Observer()
 
 
 @dataclass(frozen=True)
@@ -210,6 +245,7 @@ class Dispatcher:
         self.rng = rng or random.Random()
         self._headers = auth_headers(api_key)
         self._queues: dict[str, deque[Call]] = {}
+        self.observer: Observer = NULL_OBSERVER
 
     def start(
         self,
@@ -257,8 +293,10 @@ class Dispatcher:
             options = dict(body.get("stream_options") or {})
             options.setdefault("include_usage", True)
             body["stream_options"] = options
-        return Call(self, model, policy, accelerator, encode_body(body), stream,
+        call = Call(self, model, policy, accelerator, encode_body(body), stream,
                     dict(metadata or {}), timeouts)
+        self.observer.started(call)
+        return call
 
     def dry_run(
         self, policy: Policy | None, model: str, accelerator: str | None = None
@@ -305,6 +343,9 @@ class Call:
         self.queue_deadline: float | None = None
         self.last_trace: list[dict[str, Any]] = []
         self.current: Step | None = None
+        self.finished = False
+        self.state: dict[str, Any] = {}
+        """Scratch space for plugins (a telemetry span, say), per call."""
 
     @property
     def policy_name(self) -> str | None:
@@ -364,6 +405,7 @@ class Call:
         step = Step(node, reservation, info, completion_url(node.url), self._attempt_timeout(now))
         self.current = step
         self.tried.add(node.id)
+        self.d.observer.routed(self, info)
         return step
 
     def _attempt_timeout(self, now: float) -> httpx2.Timeout:
@@ -508,16 +550,15 @@ class Call:
             # rate limiting is load, not ill health: the node's score is left alone
         else:
             d.fleet.record_failure(step.node, now)
-        status = getattr(exc, "status_code", None)
-        self.attempts.append(
-            Attempt(
-                node_id=step.node.id,
-                accelerator=step.node.family,
-                error=exc.kind,
-                status_code=status,
-                message=str(exc)[:300],
-            )
+        attempt = Attempt(
+            node_id=step.node.id,
+            accelerator=step.node.family,
+            error=exc.kind,
+            status_code=getattr(exc, "status_code", None),
+            message=str(exc)[:300],
         )
+        self.attempts.append(attempt)
+        d.observer.attempt_failed(self, attempt, exc)
         if len(self.attempts) >= d.max_attempts:
             self.last_trace = step.routing.evaluated
             raise self._exhausted(self._context_from_trace("attempts_exhausted"))
@@ -532,24 +573,33 @@ class Call:
         exc.routing = step.routing
         return exc
 
-    def succeeded(self, step: Step) -> RoutingInfo:
-        """``step`` answered in full: release the slot, record latencies; its routing info."""
+    def succeeded(self, step: Step, usage: Mapping[str, Any] | None) -> RoutingInfo:
+        """``step`` answered in full: release the slot, record latencies, attribute the cost."""
         d = self.d
         now = d.clock()
         d.fleet.release(step.reservation)
         ttft = None if step.first_token_at is None else step.first_token_at - step.sent_at
         d.fleet.record_success(step.node, now, ttft, now - step.sent_at)
-        return step.routing
+        self.finished = True
+        routing_info = step.routing
+        routing_info.cost = d.observer.completed(
+            self, routing_info, usage, now - step.reservation.taken_at
+        )
+        return routing_info
 
-    def abandoned(self, step: Step | None = None) -> None:
-        """The caller went away (cancellation, an exception in its code): release, blame no one."""
-        step = step or self.current
-        if step is not None:
-            self.d.fleet.release(step.reservation)
+    def ended(self, error: BaseException | None) -> None:
+        """The call ends without a response: free its slot and queue place, tell the observer.
+
+        Safe to call more than once and after ``succeeded`` (then it does nothing more).
+        """
+        if self.current is not None:
+            self.d.fleet.release(self.current.reservation)
         with STATE_LOCK:
             self._leave_queue()
-
-    def close(self) -> None:
-        """Leave the saturation queue if still in it (idempotent)."""
-        with STATE_LOCK:
-            self._leave_queue()
+        if self.finished:
+            return
+        self.finished = True
+        if isinstance(error, ZMLError):
+            self.d.observer.errored(self, error)
+        else:
+            self.d.observer.cancelled(self)

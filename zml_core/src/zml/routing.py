@@ -78,6 +78,9 @@ request. A family with at least one viable node is:
   ``s = 0.5`` when either cost is unknown or this is the chain's last family, and ``s = 0``
   when the next family costs nothing. Otherwise it is passed over with ``above_high_water``.
 
+(The utilisation comparisons are made with a 1e-12 allowance for binary rounding, so that, for
+example, a family at exactly 90% reaches a ceiling of 0.8 + 0.2 x 0.5.)
+
 The first accepted family wins and the walk stops there. When every family with viable nodes
 was passed over, the first of them wins after all (a busy family beats none). When no family
 has a viable node the result is a ``NoRoute`` (``final_error = "no_viable_node"``).
@@ -211,6 +214,7 @@ CostPriority = Literal["cost", "latency", "balanced"]
 NO_VIABLE_NODE = "no_viable_node"
 
 _INF = math.inf
+_UTIL_ROUNDING = 1e-12  # 0.8 + 0.2 * 0.5 is 0.9000000000000001 in binary; U = 0.9 reaches it
 _NO_NODES = "no_nodes_for_model"
 _HEALTH = "health_score_below_threshold"
 _CIRCUIT = "circuit_open"
@@ -720,7 +724,7 @@ def route(
             if mode == "balanced":
                 nxt = chain[i + 1] if i < last else None
                 ceiling += BALANCED_SPAN * _saving(fleet, family, nxt)
-            if util >= ceiling:
+            if util >= ceiling - _UTIL_ROUNDING:
                 if fallback is None:
                     fallback = (len(evaluated), family, len(nodes), ties)
                 evaluated.append(FamilyEvaluation(family, len(nodes), _ABOVE_HIGH_WATER))

@@ -10,6 +10,7 @@ the same explicitly.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,7 @@ class _StreamState:
     def finished(self) -> None:
         self.decoder.finish()
         self.closed = True
-        self.call.succeeded(self.step)
+        self.call.succeeded(self.step, None if self.usage is None else self.usage.model_dump())
 
 
 class _StreamInfo:
@@ -93,11 +94,11 @@ class Stream(_StreamInfo):
         assert state is not None
         if state.closed:
             return
-        if state.first is not None:
-            first, state.first = state.first, None
-            yield state.chunk(first)
         decoder = state.decoder
         try:
+            if state.first is not None:
+                first, state.first = state.first, None
+                yield state.chunk(first)
             if not decoder.done:
                 for data in state.events:
                     chunk = decoder.feed(data)
@@ -112,7 +113,7 @@ class Stream(_StreamInfo):
         finally:
             if not state.closed:
                 state.closed = True
-                state.call.abandoned(state.step)
+                state.call.ended(sys.exc_info()[1])
             state.response.close()
 
     def close(self) -> None:
@@ -120,7 +121,7 @@ class Stream(_StreamInfo):
         state = self._state
         if state is not None and not state.closed:
             state.closed = True
-            state.call.abandoned(state.step)
+            state.call.ended(None)
             state.response.close()
 
     def __enter__(self) -> Stream:
@@ -159,11 +160,11 @@ class AsyncStream(_StreamInfo):
         state = await self._ensure_open()
         if state is None or state.closed:
             return
-        if state.first is not None:
-            first, state.first = state.first, None
-            yield state.chunk(first)
         decoder = state.decoder
         try:
+            if state.first is not None:
+                first, state.first = state.first, None
+                yield state.chunk(first)
             if not decoder.done:
                 async for data in state.events:
                     chunk = decoder.feed(data)
@@ -178,7 +179,7 @@ class AsyncStream(_StreamInfo):
         finally:
             if not state.closed:
                 state.closed = True
-                state.call.abandoned(state.step)
+                state.call.ended(sys.exc_info()[1])
             await state.response.aclose()
 
     async def aclose(self) -> None:
@@ -187,11 +188,11 @@ class AsyncStream(_StreamInfo):
         if state is None:
             if not self._started:
                 self._started = True
-                self._call.close()
+                self._call.ended(None)
             return
         if not state.closed:
             state.closed = True
-            state.call.abandoned(state.step)
+            state.call.ended(None)
             await state.response.aclose()
 
     async def __aenter__(self) -> AsyncStream:
@@ -236,8 +237,8 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]) ->
                 raise
             call.first_token(step)
             return _StreamState(call, step, response, events, decoder, first)
-    except BaseException:
-        call.abandoned()
+    except BaseException as exc:
+        call.ended(exc)
         raise
 
 
@@ -283,7 +284,7 @@ async def _open_async(call: Call, http: httpx2.AsyncClient,
                 raise
             call.first_token(step)
             return _StreamState(call, step, response, aevents, decoder, first)
-    except BaseException:
-        call.abandoned()
+    except BaseException as exc:
+        call.ended(exc)
         raise
 

@@ -14,6 +14,7 @@ sees `http.disconnect` it cancels the request's task wherever it is (queued or g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import math
@@ -22,7 +23,7 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 import httpx2
@@ -46,8 +47,10 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-_JSON = [(b"content-type", b"application/json")]
-_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+Headers = Sequence[tuple[bytes, bytes]]
+
+_JSON: Headers = ((b"content-type", b"application/json"),)
+_SSE: Headers = ((b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"))
 
 
 class SimulatedDrop(httpx2.RemoteProtocolError):
@@ -109,10 +112,8 @@ class _Slots:
             if future.done() and not future.cancelled():
                 self.release()
             else:
-                try:
+                with contextlib.suppress(ValueError):
                     self._waiters.remove(future)
-                except ValueError:
-                    pass
             raise
 
     def release(self) -> None:
@@ -167,9 +168,7 @@ async def _watch(receive: Receive, task: asyncio.Task[Any], guard: _Guard) -> No
             return
 
 
-async def _send_bytes(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] = _JSON
-) -> None:
+async def _send_bytes(send: Send, status: int, body: bytes, headers: Headers = _JSON) -> None:
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -178,7 +177,7 @@ async def _send_json(send: Send, status: int, payload: Any) -> None:
     await _send_bytes(send, status, json.dumps(payload).encode())
 
 
-async def _send_error(send: Send, error: ApiError, headers: list[tuple[bytes, bytes]] = _JSON) -> None:
+async def _send_error(send: Send, error: ApiError, headers: Headers = _JSON) -> None:
     await _send_bytes(send, error.status, error.body(), headers)
 
 
@@ -303,7 +302,7 @@ class SimNode:
         if self._exporter is None:
             await _send_error(send, ApiError(404, "Not found: /metrics", type="NotFoundError"))
             return
-        await _send_bytes(send, 200, self._exporter.render(), [(b"content-type", CONTENT_TYPE.encode())])
+        await _send_bytes(send, 200, self._exporter.render(), ((b"content-type", CONTENT_TYPE.encode()),))
 
     async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
         await _send_json(send, 200, self.stats.as_dict())

@@ -365,7 +365,7 @@ def completion_body(plan: Plan, completion_id: str, created: int) -> bytes:
 class ChunkEncoder:
     """Encodes the SSE events of one streamed reply; a chunk costs one small `json.dumps`."""
 
-    __slots__ = ("_head", "_plan", "_completion_id", "_created")
+    __slots__ = ("_completion_id", "_created", "_head", "_plan")
 
     def __init__(self, plan: Plan, completion_id: str, created: int) -> None:
         self._plan = plan

@@ -297,21 +297,24 @@ def _bounds(
     """((low, exclusive) | None, (high, exclusive) | None) in either JSON Schema dialect."""
     low: tuple[float, bool] | None = None
     high: tuple[float, bool] | None = None
-    minimum, maximum = schema.get("minimum"), schema.get("maximum")
+    minimum, maximum = _number(schema.get("minimum")), _number(schema.get("maximum"))
     ex_min, ex_max = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-    if _is_number(minimum):
+    ex_min_value, ex_max_value = _number(ex_min), _number(ex_max)
+    if minimum is not None:
         low = (minimum, ex_min is True)
-    if _is_number(ex_min) and (low is None or ex_min >= low[0]):
-        low = (ex_min, True)
-    if _is_number(maximum):
+    if ex_min_value is not None and (low is None or ex_min_value >= low[0]):
+        low = (ex_min_value, True)
+    if maximum is not None:
         high = (maximum, ex_max is True)
-    if _is_number(ex_max) and (high is None or ex_max <= high[0]):
-        high = (ex_max, True)
+    if ex_max_value is not None and (high is None or ex_max_value <= high[0]):
+        high = (ex_max_value, True)
     return low, high
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    return None
 
 
 def _finite_range(lo: float, hi: float, span: float) -> tuple[float, float]:

@@ -11,7 +11,8 @@ Token rules (documented because tests and benchmarks count on them):
 - a generated *text* token is one word (the first without, the others with a leading space;
   punctuation sticks to its word);
 - generated JSON (structured output, tool arguments) is split into tokens of optional leading
-  whitespace plus a word run or one other character.
+  whitespace plus a run of word characters or a run of other non-space characters
+  (`{"`, `city`, `":`, ` "`, `Paris`, `"}`).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ WORDS: tuple[str, ...] = (
 """The vocabulary of synthetic text (a few non-ASCII words on purpose)."""
 
 _PROMPT_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
-_JSON_PIECE_RE = re.compile(r"\s*(?:\w+|[^\w\s])|\s+$")
+_JSON_PIECE_RE = re.compile(r"\s*(?:\w+|[^\w\s]+)|\s+$")
 
 
 def request_rng(model: str, messages: Sequence[Any], seed: int) -> random.Random:

@@ -1,0 +1,793 @@
+"""Unit tests of zml.routing: node checks, family acceptance per cost_priority, ties, the trace,
+NoRoute.context() and its recommendation, the no-policy (0.2) behaviour."""
+
+from __future__ import annotations
+
+import random
+import typing
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pytest
+from zml import routing
+from zml.routing import (
+    COST_LATENCY_MARGIN,
+    HIGH_WATER,
+    PRIOR_SERVICE_MS,
+    PRIOR_TTFT_MS,
+    REJECTION_REASONS,
+    SOFT_REASONS,
+    Decision,
+    FamilyEvaluation,
+    NoRoute,
+    route,
+)
+
+MODEL = "meta-llama/llama-3-8b-instruct"
+CAPACITY_HINT = "increase fleet capacity or enable queue_on_saturation"
+
+
+@dataclass
+class Node:
+    id: str
+    family: str = "H100"
+    max_concurrency: int = 4
+    max_queue: int = 4
+    load: int = 0
+    health: float = 1.0
+    ttft_ms: float | None = 100.0
+    service_ms: float | None = 1000.0
+    open_until: float = 0.0
+    models: tuple[str, ...] = (MODEL,)
+
+    def circuit_allows(self, now: float) -> bool:
+        return now >= self.open_until
+
+
+class Fleet:
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        costs: dict[str, float | None] | None = None,
+        families: Sequence[str] | None = None,
+    ) -> None:
+        self.nodes = list(nodes)
+        self.costs = costs or {}
+        order: list[str] = list(families or [])
+        for n in self.nodes:
+            if n.family not in order:
+                order.append(n.family)
+        self._families = tuple(order)
+        self.index: dict[tuple[str, str], list[Node]] = {}
+        for n in self.nodes:
+            for m in n.models:
+                self.index.setdefault((m, n.family), []).append(n)
+
+    def families(self) -> Sequence[str]:
+        return self._families
+
+    def family_cost(self, family: str) -> float | None:
+        return self.costs.get(family)
+
+    def nodes_for(self, model: str, family: str) -> Sequence[Node]:
+        return self.index.get((model, family), [])
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str = "p"
+    accelerator_chain: tuple[str, ...] = ("H100", "MI300X", "H100_PCIe")
+    latency_target_ms: float | None = 500.0
+    cost_priority: typing.Literal["cost", "latency", "balanced"] = "balanced"
+    health_threshold: float = 0.5
+
+
+NOW = 1000.0
+
+
+def go(
+    policy: Policy | None,
+    fleet: Fleet,
+    *,
+    seed: int = 0,
+    model: str = MODEL,
+    **kw: typing.Any,
+) -> Decision | NoRoute:
+    return route(policy, model, fleet, now=NOW, rng=random.Random(seed), **kw)
+
+
+def decision(policy: Policy | None, fleet: Fleet, **kw: typing.Any) -> Decision:
+    result = go(policy, fleet, **kw)
+    assert isinstance(result, Decision), result
+    return result
+
+
+def no_route(policy: Policy | None, fleet: Fleet, **kw: typing.Any) -> NoRoute:
+    result = go(policy, fleet, **kw)
+    assert isinstance(result, NoRoute), result
+    return result
+
+
+def trace(result: Decision | NoRoute) -> list[tuple[str, int, str | None]]:
+    return [(e.family, e.nodes_checked, e.rejected_reason) for e in result.evaluated]
+
+
+def busy_family(
+    family: str, util: float, n: int = 2, slots: int = 10, **kw: typing.Any
+) -> list[Node]:
+    """n nodes of `slots` slots whose loads add up to util * total slots (nodes keep room)."""
+    total = round(util * n * slots)
+    loads = [total // n + (1 if i < total % n else 0) for i in range(n)]
+    return [
+        Node(f"{family.lower()}-{i}", family, slots, slots, load, **kw)
+        for i, load in enumerate(loads)
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# the module's documented surface
+
+
+def test_rejection_reasons_is_the_closed_literal_set() -> None:
+    assert set(REJECTION_REASONS) == set(typing.get_args(routing.RejectionReason))
+    assert len(REJECTION_REASONS) == 6
+    assert not set(SOFT_REASONS) & set(REJECTION_REASONS)
+
+
+def test_docstring_documents_every_reason_and_constant() -> None:
+    doc = routing.__doc__ or ""
+    for reason in (*REJECTION_REASONS, *SOFT_REASONS):
+        assert f"``{reason}``" in doc, reason
+    for name, value in [
+        ("PRIOR_TTFT_MS", "200.0"),
+        ("PRIOR_SERVICE_MS", "2000.0"),
+        ("COST_LATENCY_MARGIN", "1.25"),
+        ("HIGH_WATER", "0.8"),
+        ("BALANCED_SPAN", "0.2"),
+        ("TIE_MS", "1e-9"),
+        ("MAX_IDS_IN_RECOMMENDATION", "5"),
+    ]:
+        assert f"``{name} = {value}``" in doc, name
+        assert getattr(routing, name) == float(value)
+    assert "balanced weighs cost saving against latency risk" in doc
+
+
+def test_family_evaluation_as_dict_keys() -> None:
+    e = FamilyEvaluation("H100", 3, "circuit_open")
+    assert list(e.as_dict()) == ["family", "nodes_checked", "rejected_reason"]
+    assert e.as_dict() == {"family": "H100", "nodes_checked": 3, "rejected_reason": "circuit_open"}
+    with pytest.raises(AttributeError):
+        e.family = "x"  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------------------------------
+# node checks, one reason at a time
+
+
+def test_no_nodes_for_model() -> None:
+    fleet = Fleet([Node("h1", models=("other-model",))])
+    r = no_route(Policy(accelerator_chain=("H100",)), fleet)
+    assert trace(r) == [("H100", 0, "no_nodes_for_model")]
+    assert r.recommendation == f"register nodes serving {MODEL} in the chain's families"
+
+
+def test_family_unknown_to_the_fleet_is_no_nodes_for_model() -> None:
+    fleet = Fleet([Node("h1")])
+    r = decision(Policy(accelerator_chain=("TPUv5", "H100")), fleet)
+    assert trace(r) == [("TPUv5", 0, "no_nodes_for_model"), ("H100", 1, None)]
+
+
+def test_health_below_threshold_rejected_at_threshold_accepted() -> None:
+    policy = Policy(accelerator_chain=("H100",), health_threshold=0.7)
+    r = no_route(policy, Fleet([Node("h1", health=0.69), Node("h2", health=0.1)]))
+    assert trace(r) == [("H100", 2, "health_score_below_threshold")]
+    assert decision(policy, Fleet([Node("h1", health=0.7)])).node.id == "h1"
+
+
+def test_circuit_open_uses_now() -> None:
+    policy = Policy(accelerator_chain=("H100",))
+    fleet = Fleet([Node("h1", open_until=NOW + 1)])
+    r = no_route(policy, fleet)
+    assert trace(r) == [("H100", 1, "circuit_open")]
+    later = route(policy, MODEL, fleet, now=NOW + 1, rng=random.Random(0))
+    assert isinstance(later, Decision)
+
+
+def test_over_capacity_counts_the_node_queue() -> None:
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=None)
+    full = Node("h1", max_concurrency=4, max_queue=2, load=6)
+    assert trace(no_route(policy, Fleet([full]))) == [("H100", 1, "all_nodes_over_capacity")]
+    last_room = Node("h1", max_concurrency=4, max_queue=2, load=5)
+    assert decision(policy, Fleet([last_room])).node is last_room
+    no_queue = Node("h1", max_concurrency=4, max_queue=0, load=4)
+    assert trace(no_route(policy, Fleet([no_queue])))[0][2] == "all_nodes_over_capacity"
+
+
+def test_latency_target_exceeded() -> None:
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=500, cost_priority="latency")
+    r = no_route(policy, Fleet([Node("h1", ttft_ms=501.0)]))
+    assert trace(r) == [("H100", 1, "latency_target_exceeded")]
+    assert r.recommendation == "raise latency_target_ms or add capacity to the chain's families"
+    assert decision(policy, Fleet([Node("h1", ttft_ms=500.0)])).predicted_ttft_ms == 500.0
+
+
+def test_no_latency_target_means_no_limit() -> None:
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=None, cost_priority="latency")
+    node = Node("h1", ttft_ms=90_000.0)
+    assert decision(policy, Fleet([node])).node is node
+
+
+def test_excluded_after_failure() -> None:
+    policy = Policy(accelerator_chain=("H100", "MI300X"))
+    fleet = Fleet([Node("h1"), Node("h2"), Node("m1", "MI300X")])
+    d = decision(policy, fleet, exclude={"h1", "h2"})
+    assert d.node.id == "m1"
+    assert trace(d) == [("H100", 2, "excluded_after_failure"), ("MI300X", 1, None)]
+    r = no_route(policy, fleet, exclude=frozenset({"h1", "h2", "m1"}))
+    assert [e.rejected_reason for e in r.evaluated] == ["excluded_after_failure"] * 2
+    assert r.recommendation == "every candidate node failed for this request; see the attempts"
+
+
+def test_checks_apply_in_documented_order() -> None:
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=100)
+    # excluded beats everything else
+    bad = dict(open_until=NOW + 5, health=0.0, load=99, ttft_ms=9999.0)
+    assert trace(no_route(policy, Fleet([Node("a", **bad)]), exclude={"a"}))[0][2] == (
+        "excluded_after_failure"
+    )
+    assert trace(no_route(policy, Fleet([Node("a", **bad)])))[0][2] == "circuit_open"
+    bad.pop("open_until")
+    assert trace(no_route(policy, Fleet([Node("a", **bad)])))[0][2] == (
+        "health_score_below_threshold"
+    )
+    bad.pop("health")
+    assert trace(no_route(policy, Fleet([Node("a", **bad)])))[0][2] == "all_nodes_over_capacity"
+    bad.pop("load")
+    assert trace(no_route(policy, Fleet([Node("a", **bad)])))[0][2] == "latency_target_exceeded"
+
+
+def test_family_reason_is_most_frequent_node_reason() -> None:
+    policy = Policy(accelerator_chain=("H100",))
+    nodes = [
+        Node("a", health=0.1),
+        Node("b", health=0.1),
+        Node("c", open_until=NOW + 1),
+        Node("d", load=8),
+    ]
+    r = no_route(policy, Fleet(nodes))
+    assert trace(r) == [("H100", 4, "health_score_below_threshold")]
+
+
+@pytest.mark.parametrize(
+    ("kinds", "expected"),
+    [
+        (["over", "latency"], "all_nodes_over_capacity"),
+        (["latency", "circuit"], "latency_target_exceeded"),
+        (["circuit", "health"], "circuit_open"),
+        (["health", "excluded"], "health_score_below_threshold"),
+        (["excluded", "health", "circuit", "latency", "over"], "all_nodes_over_capacity"),
+        (["excluded", "excluded", "over"], "excluded_after_failure"),
+    ],
+)
+def test_family_reason_ties_follow_documented_order(kinds: list[str], expected: str) -> None:
+    make = {
+        "over": lambda i: Node(i, load=8),
+        "latency": lambda i: Node(i, ttft_ms=800.0),
+        "circuit": lambda i: Node(i, open_until=NOW + 1),
+        "health": lambda i: Node(i, health=0.0),
+        "excluded": lambda i: Node(i),
+    }
+    nodes = [make[k](f"n{i}") for i, k in enumerate(kinds)]
+    excluded = {n.id for n, k in zip(nodes, kinds, strict=True) if k == "excluded"}
+    policy = Policy(accelerator_chain=("H100",), cost_priority="latency")
+    r = no_route(policy, Fleet(nodes), exclude=excluded)
+    assert trace(r) == [("H100", len(nodes), expected)]
+
+
+# ---------------------------------------------------------------------------------------------
+# predicted TTFT
+
+
+def test_prediction_with_free_slot_is_the_ttft() -> None:
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=None)
+    assert decision(policy, Fleet([Node("a", load=3, ttft_ms=120.0)])).predicted_ttft_ms == 120.0
+
+
+def test_prediction_adds_a_share_of_service_per_request_ahead() -> None:
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=None)
+    node = Node("a", max_concurrency=4, max_queue=8, load=6, ttft_ms=100.0, service_ms=1000.0)
+    # ahead = 6 - 4 + 1 = 3 -> 100 + 3 * 1000 / 4
+    assert decision(policy, Fleet([node])).predicted_ttft_ms == pytest.approx(850.0)
+
+
+def test_priors_until_observed() -> None:
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=None)
+    fresh = Node("a", max_concurrency=2, max_queue=4, load=2, ttft_ms=None, service_ms=None)
+    expected = PRIOR_TTFT_MS + 1 * PRIOR_SERVICE_MS / 2
+    assert decision(policy, Fleet([fresh])).predicted_ttft_ms == pytest.approx(expected)
+    observed_zero = Node("b", ttft_ms=0.0)
+    assert decision(policy, Fleet([observed_zero])).predicted_ttft_ms == 0.0
+
+
+def test_lowest_prediction_wins_within_family() -> None:
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=None)
+    nodes = [
+        Node("slow", ttft_ms=300.0),
+        Node("queued", ttft_ms=50.0, load=4, service_ms=1000.0),  # 50 + 250
+        Node("fast", ttft_ms=120.0, load=3),
+    ]
+    d = decision(policy, Fleet(nodes))
+    assert d.node.id == "fast"
+    assert d.predicted_ttft_ms == 120.0
+
+
+# ---------------------------------------------------------------------------------------------
+# cost_priority
+
+
+CHAIN2 = ("H100", "MI300X")
+
+
+def test_latency_leaves_family_at_high_water() -> None:
+    policy = Policy(accelerator_chain=CHAIN2, cost_priority="latency")
+    at_high_water = Fleet([*busy_family("H100", HIGH_WATER), Node("m1", "MI300X")])
+    d = decision(policy, at_high_water)
+    assert d.family == "MI300X"
+    assert trace(d) == [("H100", 2, "above_high_water"), ("MI300X", 1, None)]
+    below = Fleet([*busy_family("H100", 0.75), Node("m1", "MI300X")])
+    assert decision(policy, below).family == "H100"
+
+
+def test_latency_utilisation_ignores_rejected_nodes_but_counts_full_ones() -> None:
+    policy = Policy(accelerator_chain=CHAIN2, cost_priority="latency", latency_target_ms=None)
+    # passing nodes: 7 + 0 of 10 slots = 0.7 (the open and sick nodes do not count)
+    nodes = [
+        Node("h-busy", max_concurrency=5, max_queue=2, load=7),  # full (over capacity)
+        Node("h-idle", max_concurrency=5, max_queue=0, load=0),
+        Node("h-open", max_concurrency=5, load=0, open_until=NOW + 1),
+        Node("h-sick", max_concurrency=5, load=0, health=0.1),
+        Node("m1", "MI300X"),
+    ]
+    assert decision(policy, Fleet(nodes)).node.id == "h-idle"
+    nodes[1].load = 1  # 8 / 10 = 0.8 -> leave
+    assert decision(policy, Fleet(nodes)).family == "MI300X"
+
+
+def test_latency_falls_back_to_first_soft_rejected_family() -> None:
+    policy = Policy(accelerator_chain=("H100", "MI300X", "H100_PCIe"), cost_priority="latency")
+    fleet = Fleet(
+        [
+            *busy_family("H100", 0.9),
+            *busy_family("MI300X", 0.95),
+            Node("p1", "H100_PCIe", health=0.0),
+        ]
+    )
+    d = decision(policy, fleet)
+    assert d.family == "H100"
+    assert trace(d) == [
+        ("H100", 2, None),
+        ("MI300X", 2, "above_high_water"),
+        ("H100_PCIe", 1, "health_score_below_threshold"),
+    ]
+
+
+def test_latency_fallback_keeps_earlier_hard_rejections() -> None:
+    policy = Policy(accelerator_chain=("H100", "MI300X"), cost_priority="latency")
+    fleet = Fleet([Node("h1", load=8), *busy_family("MI300X", 0.9)])
+    d = decision(policy, fleet)
+    assert d.family == "MI300X"
+    assert trace(d) == [("H100", 1, "all_nodes_over_capacity"), ("MI300X", 2, None)]
+
+
+def test_cost_holds_to_family_through_queue_room() -> None:
+    policy = Policy(accelerator_chain=CHAIN2, cost_priority="cost", latency_target_ms=None)
+    # every slot busy and most of the queue room used: U = 1.75
+    nodes = [
+        Node("h1", max_concurrency=4, max_queue=4, load=7),
+        Node("h2", max_concurrency=4, max_queue=4, load=7),
+        Node("m1", "MI300X"),
+    ]
+    d = decision(policy, Fleet(nodes))
+    assert d.family == "H100"
+    assert trace(d) == [("H100", 2, None)]  # the walk stopped there
+    for n in nodes[:2]:
+        n.load = 8
+    assert decision(policy, Fleet(nodes)).family == "MI300X"
+
+
+def test_cost_accepts_up_to_the_latency_margin() -> None:
+    target = 500.0
+    cost = Policy(accelerator_chain=CHAIN2, cost_priority="cost", latency_target_ms=target)
+    latency = Policy(accelerator_chain=CHAIN2, cost_priority="latency", latency_target_ms=target)
+    balanced = Policy(accelerator_chain=CHAIN2, cost_priority="balanced", latency_target_ms=target)
+    fleet = Fleet([Node("h1", ttft_ms=1.2 * target), Node("m1", "MI300X", ttft_ms=100.0)])
+    assert decision(cost, fleet).family == "H100"
+    assert decision(cost, fleet).predicted_ttft_ms == pytest.approx(600.0)
+    assert decision(latency, fleet).family == "MI300X"
+    assert decision(balanced, fleet).family == "MI300X"
+    at_margin = Fleet([Node("h1", ttft_ms=COST_LATENCY_MARGIN * target), Node("m1", "MI300X")])
+    assert decision(cost, at_margin).family == "H100"
+    over = Fleet([Node("h1", ttft_ms=1.3 * target), Node("m1", "MI300X")])
+    d = decision(cost, over)
+    assert trace(d) == [("H100", 1, "latency_target_exceeded"), ("MI300X", 1, None)]
+
+
+def test_cost_ignores_high_water() -> None:
+    policy = Policy(accelerator_chain=CHAIN2, cost_priority="cost")
+    fleet = Fleet([*busy_family("H100", 0.99), Node("m1", "MI300X")])
+    assert decision(policy, fleet).family == "H100"
+
+
+@pytest.mark.parametrize(
+    ("costs", "util", "stays"),
+    [
+        # s = (2 - 1) / 2 = 0.5 -> threshold 0.9
+        ({"H100": 1.0, "MI300X": 2.0}, 0.85, True),
+        ({"H100": 1.0, "MI300X": 2.0}, 0.9, False),
+        # s = (4 - 1) / 4 = 0.75 -> threshold 0.95
+        ({"H100": 1.0, "MI300X": 4.0}, 0.9, True),
+        ({"H100": 1.0, "MI300X": 4.0}, 0.95, False),
+        # staying is dearer: s clamped to 0 -> threshold 0.8 (like "latency")
+        ({"H100": 3.0, "MI300X": 2.0}, 0.75, True),
+        ({"H100": 3.0, "MI300X": 2.0}, 0.8, False),
+        # this family is free: s = 1 -> threshold 1.0
+        ({"H100": 0.0, "MI300X": 2.0}, 0.95, True),
+        ({"H100": 0.0, "MI300X": 2.0}, 1.0, False),
+        # the next family is free: s = 0
+        ({"H100": 1.0, "MI300X": 0.0}, 0.8, False),
+        # unknown cost -> s = 0.5 -> threshold 0.9
+        ({}, 0.85, True),
+        ({}, 0.9, False),
+        ({"H100": 1.0}, 0.85, True),
+        ({"MI300X": 1.0}, 0.9, False),
+    ],
+)
+def test_balanced_threshold_weighs_cost_saving(
+    costs: dict[str, float | None], util: float, stays: bool
+) -> None:
+    policy = Policy(accelerator_chain=CHAIN2, cost_priority="balanced", latency_target_ms=None)
+    fleet = Fleet([*busy_family("H100", util, n=2, slots=10), Node("m1", "MI300X")], costs)
+    d = decision(policy, fleet)
+    assert d.family == ("H100" if stays else "MI300X")
+    if not stays:
+        assert trace(d)[0] == ("H100", 2, "above_high_water")
+
+
+def test_balanced_last_family_uses_half_saving() -> None:
+    policy = Policy(accelerator_chain=("MI300X", "H100"), cost_priority="balanced")
+    costs = {"H100": 1.0, "MI300X": 10.0}
+    # MI300X saturated -> walk on; H100 is the last family: threshold 0.9 whatever the costs
+    for util, family in [(0.85, "H100"), (0.9, "MI300X")]:
+        fleet = Fleet([*busy_family("MI300X", 0.99), *busy_family("H100", util)], costs)
+        assert decision(policy, fleet).family == family
+
+
+def test_balanced_next_family_is_the_chains_not_the_registrys() -> None:
+    costs = {"H100": 1.0, "MI300X": 1.0, "H100_PCIe": 10.0}
+    fleet = Fleet(
+        [*busy_family("H100", 0.85), Node("m1", "MI300X"), Node("p1", "H100_PCIe")],
+        costs,
+        families=("H100", "MI300X", "H100_PCIe"),
+    )
+    # next in the chain is H100_PCIe: s = 0.9 -> threshold 0.98 -> stay
+    policy = Policy(accelerator_chain=("H100", "H100_PCIe", "MI300X"))
+    assert decision(policy, fleet).family == "H100"
+    # next in the chain is MI300X: s = 0 -> threshold 0.8 -> leave
+    policy = Policy(accelerator_chain=("H100", "MI300X", "H100_PCIe"))
+    assert decision(policy, fleet).family == "MI300X"
+
+
+def test_invalid_cost_priority_raises() -> None:
+    policy = Policy(cost_priority="fastest")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="cost_priority"):
+        go(policy, Fleet([Node("h1")]))
+
+
+def test_duplicate_chain_entries_are_walked_once() -> None:
+    policy = Policy(accelerator_chain=("H100", "H100", "MI300X"))
+    r = no_route(policy, Fleet([Node("h1", health=0.0)]))
+    assert [e.family for e in r.evaluated] == ["H100", "MI300X"]
+
+
+# ---------------------------------------------------------------------------------------------
+# ties and power of two choices
+
+
+def tied_nodes() -> list[Node]:
+    # identical prediction (free slot, same TTFT), different loads
+    return [Node(f"t{i}", max_concurrency=8, load=i, ttft_ms=100.0) for i in range(6)]
+
+
+def test_ties_are_broken_deterministically_per_seed() -> None:
+    policy = Policy(accelerator_chain=("H100",))
+    fleet = Fleet(tied_nodes())
+    for seed in range(20):
+        first = decision(policy, fleet, seed=seed).node.id
+        assert all(decision(policy, fleet, seed=seed).node.id == first for _ in range(3))
+
+
+def test_two_choices_never_picks_the_most_loaded_tie_and_spreads() -> None:
+    policy = Policy(accelerator_chain=("H100",))
+    fleet = Fleet(tied_nodes())
+    chosen = [decision(policy, fleet, seed=seed).node.id for seed in range(300)]
+    assert "t5" not in chosen  # it loses every pair it is sampled in
+    assert chosen.count("t0") > chosen.count("t4")
+    assert len(set(chosen)) >= 4  # not always the same node
+
+
+def test_two_tied_nodes_pick_the_less_loaded() -> None:
+    policy = Policy(accelerator_chain=("H100",))
+    fleet = Fleet([Node("busy", load=3), Node("idle", load=1)])
+    assert {decision(policy, fleet, seed=s).node.id for s in range(30)} == {"idle"}
+
+
+def test_ties_within_epsilon_only() -> None:
+    policy = Policy(accelerator_chain=("H100",))
+    near = Fleet([Node("a", load=3, ttft_ms=100.0 + 5e-10), Node("b", load=0, ttft_ms=100.0)])
+    # tied: p2c over both picks the less loaded b whichever is sampled first
+    assert decision(policy, near).node.id == "b"
+    apart = Fleet([Node("a", load=0, ttft_ms=100.0 + 1e-6), Node("b", load=3, ttft_ms=100.0)])
+    assert {decision(policy, apart, seed=s).node.id for s in range(20)} == {"b"}
+
+
+def test_tie_window_follows_the_true_minimum() -> None:
+    policy = Policy(accelerator_chain=("H100",))
+    # "a" ties with "b", "b" ties with "c", but "a" is 1.6e-9 above "c": not a tie
+    nodes = [
+        Node("a", max_concurrency=8, load=0, ttft_ms=100.0 + 1.6e-9),
+        Node("b", max_concurrency=8, load=5, ttft_ms=100.0 + 0.8e-9),
+        Node("c", max_concurrency=8, load=6, ttft_ms=100.0),
+    ]
+    chosen = {decision(policy, Fleet(nodes), seed=s).node.id for s in range(40)}
+    assert chosen == {"b"}  # p2c over {b, c}: b is less loaded
+
+
+def test_single_best_node_does_not_touch_rng() -> None:
+    policy = Policy(accelerator_chain=("H100",))
+    rng = random.Random(7)
+    state = rng.getstate()
+    route(policy, MODEL, Fleet([Node("a"), Node("b", ttft_ms=150.0)]), now=NOW, rng=rng)
+    assert rng.getstate() == state
+
+
+# ---------------------------------------------------------------------------------------------
+# pinned family
+
+
+def test_pinned_family_replaces_the_chain() -> None:
+    policy = Policy(accelerator_chain=("H100", "MI300X"))
+    fleet = Fleet([Node("h1"), Node("m1", "MI300X"), Node("p1", "H100_PCIe")])
+    d = decision(policy, fleet, pinned_family="MI300X")
+    assert d.node.id == "m1"
+    assert trace(d) == [("MI300X", 1, None)]
+    d = decision(policy, fleet, pinned_family="H100_PCIe")  # need not be in the chain
+    assert trace(d) == [("H100_PCIe", 1, None)]
+
+
+def test_pinned_family_without_room_does_not_fall_back() -> None:
+    policy = Policy(accelerator_chain=("H100", "MI300X"))
+    fleet = Fleet([Node("h1", load=8), Node("m1", "MI300X")])
+    r = no_route(policy, fleet, pinned_family="H100")
+    assert r.context()["evaluated"] == [
+        {"family": "H100", "nodes_checked": 1, "rejected_reason": "all_nodes_over_capacity"}
+    ]
+
+
+def test_pinned_family_under_balanced_is_treated_as_last() -> None:
+    policy = Policy(accelerator_chain=("H100", "MI300X"), cost_priority="balanced")
+    fleet = Fleet([*busy_family("H100", 0.95)], {"H100": 1.0, "MI300X": 100.0})
+    # s = 0.5 as the only family -> above high water, but it is the only one: chosen anyway
+    d = decision(policy, fleet, pinned_family="H100")
+    assert trace(d) == [("H100", 2, None)]
+
+
+# ---------------------------------------------------------------------------------------------
+# no policy (0.2 behaviour)
+
+
+def test_no_policy_picks_least_loaded_over_all_families() -> None:
+    fleet = Fleet(
+        [
+            Node("h1", max_concurrency=4, load=2),
+            Node("m1", "MI300X", max_concurrency=8, load=3),
+            Node("p1", "H100_PCIe", health=0.0, load=0),
+        ],
+        families=("H100", "MI300X", "H100_PCIe", "A100"),
+    )
+    d = decision(None, fleet)
+    assert d.node.id == "m1"
+    assert d.family == "MI300X"
+    assert trace(d) == [
+        ("H100", 1, "not_selected"),
+        ("MI300X", 1, None),
+        ("H100_PCIe", 1, "health_score_below_threshold"),
+        ("A100", 0, "no_nodes_for_model"),
+    ]
+
+
+def test_no_policy_has_no_latency_limit_and_uses_health_threshold_kwarg() -> None:
+    fleet = Fleet([Node("h1", ttft_ms=60_000.0, health=0.4)])
+    assert decision(None, fleet, health_threshold=0.3).node.id == "h1"
+    r = no_route(None, fleet)  # default threshold 0.5
+    assert r.policy is None
+    assert r.context()["policy"] is None
+    assert trace(r) == [("H100", 1, "health_score_below_threshold")]
+    assert r.recommendation == "check the health of nodes h1"
+
+
+def test_no_policy_ignores_the_health_threshold_kwarg_when_a_policy_is_given() -> None:
+    fleet = Fleet([Node("h1", health=0.4)])
+    policy = Policy(accelerator_chain=("H100",), health_threshold=0.3)
+    assert decision(policy, fleet, health_threshold=0.9).node.id == "h1"
+
+
+def test_no_policy_checks_room_exclude_and_circuit() -> None:
+    fleet = Fleet(
+        [
+            Node("h1", load=8),
+            Node("h2", load=0),
+            Node("m1", "MI300X", load=0, open_until=NOW + 1),
+            Node("m2", "MI300X", load=1),
+        ]
+    )
+    d = decision(None, fleet, exclude={"h2"})
+    assert d.node.id == "m2"
+    assert trace(d) == [("H100", 2, "all_nodes_over_capacity"), ("MI300X", 2, None)]
+
+
+def test_no_policy_pinned_family() -> None:
+    fleet = Fleet([Node("h1", load=3), Node("m1", "MI300X", load=0)])
+    d = decision(None, fleet, pinned_family="H100")
+    assert d.node.id == "h1"
+    assert trace(d) == [("H100", 1, None)]
+    r = no_route(None, fleet, pinned_family="A100")
+    assert r.context() == {
+        "policy": None,
+        "evaluated": [
+            {"family": "A100", "nodes_checked": 0, "rejected_reason": "no_nodes_for_model"}
+        ],
+        "final_error": "no_viable_node",
+        "recommendation": f"register nodes serving {MODEL} in the fleet's families",
+    }
+
+
+def test_no_policy_ties_across_families_are_deterministic() -> None:
+    fleet = Fleet([Node(f"h{i}", load=1) for i in range(3)] + [Node("m0", "MI300X", load=1)])
+    for seed in range(10):
+        ids = {decision(None, fleet, seed=seed).node.id for _ in range(3)}
+        assert len(ids) == 1
+    assert len({decision(None, fleet, seed=s).node.id for s in range(60)}) == 4
+
+
+def test_no_policy_prediction_is_reported() -> None:
+    fleet = Fleet(
+        [Node("h1", max_concurrency=2, load=3, max_queue=4, ttft_ms=100.0, service_ms=400.0)]
+    )
+    assert decision(None, fleet).predicted_ttft_ms == pytest.approx(100.0 + 2 * 400.0 / 2)
+
+
+def test_no_policy_empty_fleet() -> None:
+    r = no_route(None, Fleet([]))
+    assert r.evaluated == ()
+    assert r.recommendation == f"register nodes serving {MODEL} in the fleet's families"
+
+
+# ---------------------------------------------------------------------------------------------
+# NoRoute context and recommendations
+
+
+def test_context_shape_is_exact() -> None:
+    policy = Policy(name="llama3-production", accelerator_chain=("H100",))
+    r = no_route(policy, Fleet([Node("h1", load=8)]))
+    ctx = r.context()
+    assert list(ctx) == ["policy", "evaluated", "final_error", "recommendation"]
+    evaluated = ctx["evaluated"]
+    assert isinstance(evaluated, list)
+    assert all(list(e) == ["family", "nodes_checked", "rejected_reason"] for e in evaluated)
+    assert ctx["final_error"] == "no_viable_node" == r.final_error
+    assert ctx["policy"] == "llama3-production"
+
+
+def test_seed_example() -> None:
+    """The release post's example: H100 has 3 nodes over capacity, MI300X 2 unhealthy ones."""
+    nodes = [Node(f"h100-{i}", "H100", 8, 8, 16) for i in range(3)]
+    nodes += [Node(f"mi300x-{i}", "MI300X", health=0.2) for i in range(2)]
+    fleet = Fleet(nodes, families=("H100", "MI300X", "H100_PCIe"))
+    seed_context = {
+        "policy": "llama3-production",
+        "evaluated": [
+            {"family": "H100", "nodes_checked": 3, "rejected_reason": "all_nodes_over_capacity"},
+            {
+                "family": "MI300X",
+                "nodes_checked": 2,
+                "rejected_reason": "health_score_below_threshold",
+            },
+        ],
+        "final_error": "no_viable_node",
+        "recommendation": "increase fleet capacity or enable queue_on_saturation",
+    }
+    two = Policy("llama3-production", ("H100", "MI300X"), 500, "balanced")
+    assert no_route(two, fleet).context() == seed_context
+    three = Policy("llama3-production", ("H100", "MI300X", "H100_PCIe"), 500, "balanced")
+    ctx = no_route(three, fleet).context()
+    assert ctx == {
+        **seed_context,
+        "evaluated": [
+            *seed_context["evaluated"],  # type: ignore[misc]
+            {"family": "H100_PCIe", "nodes_checked": 0, "rejected_reason": "no_nodes_for_model"},
+        ],
+    }
+
+
+def test_recommendation_capacity_stands_alone() -> None:
+    policy = Policy(accelerator_chain=("H100", "MI300X", "H100_PCIe"))
+    fleet = Fleet([Node("h1", load=8), Node("m1", "MI300X", open_until=NOW + 1)])
+    assert no_route(policy, fleet).recommendation == CAPACITY_HINT
+
+
+def test_recommendation_joins_hints_in_priority_order() -> None:
+    policy = Policy(
+        accelerator_chain=("A100", "H100_PCIe", "MI300X", "H100", "TPU"),
+        latency_target_ms=200,
+        cost_priority="latency",
+    )
+    fleet = Fleet(
+        [
+            Node("x1", "A100"),
+            Node("p1", "H100_PCIe", ttft_ms=900.0),
+            Node("m1", "MI300X", open_until=NOW + 1),
+            Node("h1", "H100", health=0.0),
+        ]
+    )
+    r = no_route(policy, fleet, exclude={"x1"})
+    assert r.recommendation == "; ".join(
+        [
+            "check the health of nodes h1",
+            "nodes m1 are failing; check them or wait for the circuit breaker to close",
+            "raise latency_target_ms or add capacity to the chain's families",
+            f"register nodes serving {MODEL} in the chain's families",
+            "every candidate node failed for this request; see the attempts",
+        ]
+    )
+
+
+def test_recommendation_names_at_most_five_nodes() -> None:
+    policy = Policy(accelerator_chain=("H100", "MI300X"))
+    nodes = [Node(f"h{i}", health=0.0) for i in range(4)]
+    nodes += [Node(f"m{i}", "MI300X", health=0.0) for i in range(3)]
+    r = no_route(policy, Fleet(nodes))
+    assert r.recommendation == "check the health of nodes h0, h1, h2, h3, m0 and 2 more"
+    circuit = [Node(f"c{i}", open_until=NOW + 1) for i in range(2)]
+    r = no_route(Policy(accelerator_chain=("H100",)), Fleet(circuit))
+    assert r.recommendation == (
+        "nodes c0, c1 are failing; check them or wait for the circuit breaker to close"
+    )
+
+
+def test_context_reasons_are_from_the_closed_set() -> None:
+    policy = Policy(accelerator_chain=("H100", "MI300X"), cost_priority="latency")
+    fleet = Fleet([Node("h1", ttft_ms=5000.0), Node("m1", "MI300X", open_until=NOW + 1)])
+    for e in no_route(policy, fleet).evaluated:
+        assert e.rejected_reason in REJECTION_REASONS
+
+
+# ---------------------------------------------------------------------------------------------
+# purity
+
+
+def test_route_reads_without_mutating() -> None:
+    nodes = [Node("h1", load=3), Node("m1", "MI300X", health=0.0)]
+    before = [vars(n).copy() for n in nodes]
+    fleet = Fleet(nodes)
+    for policy in (None, Policy(), Policy(cost_priority="cost"), Policy(cost_priority="latency")):
+        go(policy, fleet, exclude={"x"})
+    assert [vars(n) for n in nodes] == before
+
+
+def test_decision_is_frozen_and_carries_the_node() -> None:
+    node = Node("h1")
+    d = decision(Policy(accelerator_chain=("H100",)), Fleet([node]))
+    assert d.node is node
+    assert d.evaluated == (FamilyEvaluation("H100", 1, None),)
+    with pytest.raises(AttributeError):
+        d.family = "x"  # type: ignore[misc]

@@ -1,0 +1,97 @@
+"""The ``zml`` command line.
+
+``zml demo``                     the main job: a simulated fleet, a burst of traffic, where it went
+``zml sim serve CONFIG``         serve a config's loopback nodes as simulated vLLM nodes
+``zml route --policy P --model M [--explain]``   which node would take a request now, and why
+``zml policy check``             validate the config and list its policies
+``zml fleet status``             probe every node (/health, /metrics) and show live state
+
+Every command takes ``--config PATH`` (default: ``$ZML_CONFIG``, else ``./zml.toml``). Errors
+are printed as one clear message and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from zml.errors import ZMLError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``zml`` command."""
+    parser = argparse.ArgumentParser(
+        prog="zml", description="Route LLM requests across an accelerator fleet by policy."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="run traffic through a simulated fleet and show routing")
+    demo.add_argument("--dir", help="where to write the demo's zml.toml (default: a temp dir)")
+    demo.add_argument("--requests", type=int, default=16,
+                      help="requests in the concurrent burst (default 16)")
+    demo.add_argument("--time-scale", type=float, default=1.0,
+                      help="multiply every simulated delay (default 1.0)")
+
+    sim = sub.add_parser("sim", help="the simulated fleet")
+    sim_sub = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
+    serve = sim_sub.add_parser("serve", help="serve the config's loopback nodes until Ctrl-C")
+    serve.add_argument("config", help="a zml.toml whose loopback [[nodes]] to serve")
+    serve.add_argument("--time-scale", type=float, default=1.0)
+
+    route = sub.add_parser("route", help="dry run: which node would take a request now")
+    route.add_argument("--policy", help="a policy name from the config (default: no policy)")
+    route.add_argument("--model", required=True)
+    route.add_argument("--accelerator", help="pin one family instead of a policy (0.2 style)")
+    route.add_argument("--explain", action="store_true", help="show the evaluation trace")
+    route.add_argument("--probe", action="store_true",
+                       help="read each node's /metrics first, so live load counts")
+    route.add_argument("--config")
+
+    policy = sub.add_parser("policy", help="policies")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True,
+                                       metavar="SUBCOMMAND")
+    check = policy_sub.add_parser("check", help="validate the config and list its policies")
+    check.add_argument("--config")
+
+    fleet = sub.add_parser("fleet", help="the fleet")
+    fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True, metavar="SUBCOMMAND")
+    status = fleet_sub.add_parser("status", help="probe every node and show its state")
+    status.add_argument("--config")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``zml`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    try:
+        if args.command == "demo":
+            from zml.cli.demo import run_demo
+
+            return run_demo(directory=args.dir, burst=args.requests, time_scale=args.time_scale)
+        from zml.cli import commands
+
+        if args.command == "sim":
+            return commands.sim_serve(args.config, time_scale=args.time_scale)
+        if args.command == "route":
+            return commands.route(args.config, args.policy, args.model, args.accelerator,
+                                  explain=args.explain, probe=args.probe)
+        if args.command == "policy":
+            return commands.policy_check(args.config)
+        if args.command == "fleet":
+            return commands.fleet_status(args.config)
+    except ZMLError as exc:
+        console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2  # pragma: no cover - argparse rejects unknown commands first
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

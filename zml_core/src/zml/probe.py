@@ -1,0 +1,182 @@
+"""Active probes: what a node says about itself on ``/health`` and ``/metrics``.
+
+The client's own accounting only knows the requests *this process* sent. A node's Prometheus
+gauges know everything queued on it, from every client, so the prober merges them into
+``NodeState.load`` (the larger of the two wins). Each backend names its gauges differently;
+:data:`LOAD_GAUGES` maps a node ``kind`` to its (running, waiting) metric names. Parsing uses
+``prometheus_client``'s text parser, never a hand-written one.
+
+A node that answers 404 on ``/metrics`` (llama-cpp-python's server, a plain OpenAI-compatible
+proxy) simply has no reported load: zml falls back to client-side accounting, quietly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import httpx2
+
+from .fleet import Fleet, NodeState
+
+__all__ = ["LOAD_GAUGES", "ProbeResult", "Prober", "parse_load", "probe_node", "probe_node_async"]
+
+log = logging.getLogger("zml.probe")
+
+LOAD_GAUGES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "vllm": (("vllm:num_requests_running",), ("vllm:num_requests_waiting",)),
+    "sglang": (("sglang:num_running_reqs",), ("sglang:num_queue_reqs",)),
+    "tgi": (("tgi_batch_current_size",), ("tgi_queue_size",)),
+    "llamacpp": (("llamacpp:requests_processing",), ("llamacpp:requests_deferred",)),
+    "openai": ((), ()),
+}
+"""Per node kind: the gauge names of (running requests, waiting requests)."""
+
+PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe of one node."""
+
+    node_id: str
+    healthy: bool
+    running: int | None = None
+    waiting: int | None = None
+    error: str | None = None
+
+    @property
+    def load(self) -> int | None:
+        """Running + waiting, or None when the node reports no load gauges."""
+        if self.running is None and self.waiting is None:
+            return None
+        return (self.running or 0) + (self.waiting or 0)
+
+
+def parse_load(kind: str, text: str) -> tuple[int | None, int | None]:
+    """(running, waiting) from a Prometheus exposition, summed over label sets.
+
+    Returns None for a gauge the text does not contain.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    running_names, waiting_names = LOAD_GAUGES.get(kind, LOAD_GAUGES["vllm"])
+    wanted = {name: "running" for name in running_names}
+    wanted.update({name: "waiting" for name in waiting_names})
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            which = wanted.get(sample.name)
+            if which is not None:
+                totals[which] = totals.get(which, 0.0) + sample.value
+    running = totals.get("running")
+    waiting = totals.get("waiting")
+    return (
+        None if running is None else int(running),
+        None if waiting is None else int(waiting),
+    )
+
+
+def _interpret(node: NodeState, health: httpx2.Response | BaseException,
+               metrics: httpx2.Response | BaseException | None) -> ProbeResult:
+    if isinstance(health, BaseException):
+        return ProbeResult(node.id, False, error=f"{type(health).__name__}: {health}")
+    # 404 on /health: the server has no such endpoint, which says nothing against it.
+    healthy = health.status_code < 400 or health.status_code == 404
+    running = waiting = None
+    if isinstance(metrics, httpx2.Response) and metrics.status_code == 200:
+        try:
+            running, waiting = parse_load(node.kind, metrics.text)
+        except ValueError as exc:
+            log.debug("node %s: unparseable /metrics: %s", node.id, exc)
+    error = None if healthy else f"/health answered {health.status_code}"
+    return ProbeResult(node.id, healthy, running, waiting, error)
+
+
+def probe_node(http: httpx2.Client, node: NodeState) -> ProbeResult:
+    """Probe one node with a sync client."""
+    try:
+        health: httpx2.Response | BaseException = http.get(
+            node.url + "/health", timeout=PROBE_TIMEOUT_S)
+    except httpx2.HTTPError as exc:
+        return _interpret(node, exc, None)
+    metrics: httpx2.Response | BaseException | None = None
+    if node.kind != "openai":
+        try:
+            metrics = http.get(node.url + "/metrics", timeout=PROBE_TIMEOUT_S)
+        except httpx2.HTTPError as exc:
+            metrics = exc
+    return _interpret(node, health, metrics)
+
+
+async def probe_node_async(http: httpx2.AsyncClient, node: NodeState) -> ProbeResult:
+    """Probe one node with an async client."""
+    try:
+        health: httpx2.Response | BaseException = await http.get(
+            node.url + "/health", timeout=PROBE_TIMEOUT_S)
+    except httpx2.HTTPError as exc:
+        return _interpret(node, exc, None)
+    metrics: httpx2.Response | BaseException | None = None
+    if node.kind != "openai":
+        try:
+            metrics = await http.get(node.url + "/metrics", timeout=PROBE_TIMEOUT_S)
+        except httpx2.HTTPError as exc:
+            metrics = exc
+    return _interpret(node, health, metrics)
+
+
+def apply(fleet: Fleet, results: Iterable[ProbeResult], now: float) -> None:
+    """Feed probe results into fleet state."""
+    for result in results:
+        fleet.record_probe(fleet.node(result.node_id), now, healthy=result.healthy,
+                           reported_load=result.load)
+
+
+class Prober:
+    """Probes every node of a fleet periodically, from an asyncio task or a thread.
+
+    ``AsyncClient`` runs one in its event loop by default; a sync ``Client`` starts one in a
+    daemon thread with ``client.start_probing()``.
+    """
+
+    def __init__(self, fleet: Fleet, interval_s: float = 2.0) -> None:
+        self.fleet = fleet
+        self.interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    def probe_all(self, http: httpx2.Client) -> list[ProbeResult]:
+        """Probe every node once now (sync) and apply the results."""
+        results = [probe_node(http, node) for node in self.fleet]
+        apply(self.fleet, results, time.monotonic())
+        return results
+
+    async def aprobe_all(self, http: httpx2.AsyncClient) -> list[ProbeResult]:
+        """Probe every node once now, concurrently, and apply the results."""
+        results = await asyncio.gather(*(probe_node_async(http, n) for n in self.fleet))
+        apply(self.fleet, results, time.monotonic())
+        return list(results)
+
+    def start(self, http: httpx2.AsyncClient) -> None:
+        """Start probing in the running event loop (idempotent)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(http))
+
+    async def _run(self, http: httpx2.AsyncClient) -> None:
+        while True:
+            try:
+                await self.aprobe_all(http)
+            except Exception as exc:  # a prober must never die of one bad answer
+                log.warning("zml prober: %s", exc)
+            await asyncio.sleep(self.interval_s)
+
+    async def stop(self) -> None:
+        """Stop the probing task."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
