@@ -8,7 +8,6 @@ import time
 
 import httpx2
 import pytest
-
 from zml.sim import FaultSpec, SimulatedDrop
 
 

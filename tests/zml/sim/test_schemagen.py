@@ -8,7 +8,6 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from zml.sim.schemagen import SchemaGenerationError, generate_json
 
 jsonschema = pytest.importorskip("jsonschema")

@@ -145,6 +145,15 @@ def _shared_state(config: NodeConfig) -> NodeState:
     return state
 
 
+def forget_shared_state() -> None:
+    """Make clients created from now on start from fresh node state (for tests and tools).
+
+    Clients that already exist keep the state they hold.
+    """
+    with STATE_LOCK:
+        _shared.clear()
+
+
 def add_capacity_waiter(callback: Callable[[], None]) -> None:
     """Call ``callback`` (from any thread) whenever a slot is released anywhere in the process."""
     with STATE_LOCK:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import zml
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -25,6 +24,8 @@ from llama_index.core.base.llms.types import (
     ToolCallBlock,
 )
 from llama_index.core.llms.utils import parse_partial_json
+
+import zml
 
 __all__ = ["StreamAccumulator", "from_completion", "parse_arguments"]
 

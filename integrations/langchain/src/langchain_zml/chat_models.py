@@ -1,0 +1,396 @@
+"""``ChatZML``: a LangChain chat model whose requests zml routes across an inference fleet.
+
+The model is a thin shell over ``zml.Client`` / ``zml.AsyncClient``: it turns LangChain
+messages and options into one ``infer`` request (:meth:`ChatZML._request`, shared by the four
+entry points), and the answer back into LangChain messages (:mod:`langchain_zml._responses`).
+Routing, failover, timeouts and policy validation are zml's; its errors (``RoutingError``,
+``PolicyConfigError``, ``InvalidRequestError``, node errors) reach the caller unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import zml
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable
+from langchain_core.tools import BaseTool
+from langchain_core.utils import secret_from_env
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from pydantic import ConfigDict, Field, InstanceOf, PrivateAttr, SecretStr, model_validator
+from typing_extensions import Self
+
+from ._messages import to_openai_messages
+from ._responses import PROVIDER, ChunkConverter, chat_result
+from ._structured_output import (
+    StructuredOutputMethod,
+    output_parser,
+    structured_request,
+    tool_choice_param,
+    with_parser,
+)
+
+__all__ = ["ChatZML"]
+
+_ROUTING_KWARGS = ("policy", "accelerator")
+
+
+class ChatZML(BaseChatModel):
+    """Chat model served by a zml fleet: each request goes to the node a routing policy picks.
+
+    Setup:
+        Install ``langchain-zml`` and describe the fleet in a ``zml.toml`` (accelerator
+        families, nodes, named policies); zml finds it through ``config=``, ``$ZML_CONFIG`` or
+        ``./zml.toml``. ``$ZML_API_KEY`` is sent to nodes as a Bearer token.
+
+    Instantiate:
+        ```python
+        from langchain_zml import ChatZML
+
+        llm = ChatZML(
+            model="meta-llama/llama-3-8b-instruct",
+            policy="llama3-production",  # a [policies.NAME] of zml.toml, a zml.Policy or a dict
+            temperature=0,
+            max_tokens=256,
+        )
+        ```
+
+    Invoke:
+        ```python
+        msg = llm.invoke("Why route by accelerator family?")
+        msg.response_metadata["zml_routing"]
+        # {'node_id': 'h100-a', 'accelerator': 'H100', 'policy': 'llama3-production',
+        #  'queue_depth': 0, 'attempts': [], 'evaluated': [...], ...}
+        ```
+
+    Stream (routing and usage arrive once, on the final chunk):
+        ```python
+        full = None
+        for chunk in llm.stream("Hello"):
+            full = chunk if full is None else full + chunk
+        full.response_metadata["zml_routing"], full.usage_metadata
+        ```
+
+    Async: ``await llm.ainvoke(...)``, ``async for chunk in llm.astream(...)``.
+
+    Tool calling: ``llm.bind_tools([tool, ...], tool_choice="any")`` (OpenAI function tools;
+    "any"/True force a call, a tool's name forces that tool).
+
+    Structured output: ``llm.with_structured_output(Schema, method=...)`` with
+    ``"function_calling"`` (the default), ``"json_schema"`` or ``"json_mode"``.
+
+    Per-call options: ``model=``, ``policy=``, ``accelerator=``, ``zml_metadata=``,
+    ``stream_usage=`` and any OpenAI chat parameter (``seed``, ``top_p``, ...); zml refuses
+    unknown parameter names with ``zml.InvalidRequestError``.
+
+    Errors: ``zml.RoutingError`` (no node could take the request; ``.routing_context`` says
+    why), ``zml.PolicyConfigError`` (a bad policy or zml.toml) and the other ``zml.ZMLError``
+    subclasses propagate unchanged.
+    """
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", protected_namespaces=())
+
+    model: str = Field(alias="model_name")
+    """The model name, as the fleet's nodes serve it."""
+    policy: str | InstanceOf[zml.Policy] | dict[str, Any] | None = None
+    """The routing policy: a ``[policies.NAME]`` of zml.toml, a ``zml.Policy`` or a dict of
+    Policy fields. None: any healthy node serving the model. Resolved on the first call."""
+    accelerator: str | None = None
+    """Pin one accelerator family instead of a policy (zml 0.2 style)."""
+    api_key: SecretStr | None = Field(default_factory=secret_from_env("ZML_API_KEY", default=None))
+    """Bearer token for the nodes (default: ``$ZML_API_KEY``)."""
+    config: str | Path | InstanceOf[zml.Registry] | None = None
+    """A zml.toml path or a ``zml.Registry`` (default: ``$ZML_CONFIG``, else ``./zml.toml``)."""
+    temperature: float | None = None
+    """Sampling temperature."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Most tokens to generate."""
+    timeout: float | InstanceOf[zml.Timeouts] | None = None
+    """Overall deadline per request, in seconds, or a ``zml.Timeouts`` (None: zml's default)."""
+    max_retries: int = Field(default=2, ge=0)
+    """Failover attempts after the first dispatch (zml's ``max_attempts`` is this plus one)."""
+    stop: list[str] | None = Field(default=None, alias="stop_sequences")
+    """Default stop sequences (None or ``[]``: none)."""
+    streaming: bool = False
+    """Stream from the node even on ``invoke`` (callbacks then see each token)."""
+    stream_usage: bool = True
+    """Ask the node for token usage at the end of a stream."""
+    model_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Other OpenAI chat parameters sent with every request (``seed``, ``top_p``, ...)."""
+    zml_metadata: dict[str, Any] | None = None
+    """Labels (team, service...) passed to zml's plugins and echoed in the routing info."""
+
+    _client: zml.Client | None = PrivateAttr(default=None)
+    _async_client: tuple[asyncio.AbstractEventLoop, zml.AsyncClient] | None = PrivateAttr(
+        default=None
+    )
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @model_validator(mode="after")
+    def _one_routing_mode(self) -> Self:
+        if self.policy is not None and self.accelerator is not None:
+            raise ValueError(
+                "pass either policy= or accelerator=, not both: accelerator pins one family, "
+                "a policy gives a chain of them"
+            )
+        return self
+
+    # --- LangChain's model description -----------------------------------------------------
+
+    @property
+    def _llm_type(self) -> str:
+        return "zml-chat"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        policy = self.policy.name if isinstance(self.policy, zml.Policy) else self.policy
+        return {"model": self.model, "policy": policy}
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        return True
+
+    @property
+    def lc_secrets(self) -> dict[str, str]:
+        return {"api_key": "ZML_API_KEY"}
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        model = kwargs.get("model")
+        params = LangSmithParams(
+            ls_provider=PROVIDER,
+            ls_model_name=model if isinstance(model, str) and model else self.model,
+            ls_model_type="chat",
+        )
+        temperature = kwargs.get("temperature", self.temperature)
+        if temperature is not None:
+            params["ls_temperature"] = temperature
+        max_tokens = kwargs.get("max_tokens", self.max_tokens)
+        if max_tokens is not None:
+            params["ls_max_tokens"] = max_tokens
+        stop_sequences = stop or kwargs.get("stop") or self.stop
+        if stop_sequences:
+            params["ls_stop"] = list(stop_sequences)
+        return params
+
+    # --- the zml clients -------------------------------------------------------------------
+
+    def _client_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {
+            "api_key": self.api_key.get_secret_value() if self.api_key is not None else None,
+            "config": self.config,
+            "max_attempts": self.max_retries + 1,
+        }
+        if self.timeout is not None:
+            options["timeout"] = self.timeout
+        return options
+
+    def _sync_client(self) -> zml.Client:
+        """The zml client, built on first use (building reads zml.toml; nothing is sent)."""
+        client = self._client
+        if client is None:
+            with self._lock:
+                client = self._client
+                if client is None:
+                    client = self._client = zml.Client(**self._client_options())
+        return client
+
+    def _aclient(self) -> zml.AsyncClient:
+        """The async zml client of the running event loop, built on first use.
+
+        Its connections belong to one event loop, so a model used from a new loop (a second
+        ``asyncio.run``) gets a new client; routing state is zml's, shared per process.
+        """
+        loop = asyncio.get_running_loop()
+        pair = self._async_client
+        if pair is None or pair[0] is not loop:
+            with self._lock:
+                pair = self._async_client
+                if pair is None or pair[0] is not loop:
+                    pair = self._async_client = (loop, zml.AsyncClient(**self._client_options()))
+        return pair[1]
+
+    def close(self) -> None:
+        """Close the sync client's connections (it is rebuilt if the model is used again)."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    async def aclose(self) -> None:
+        """Close the async client's connections, if it belongs to the running event loop."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            pair = self._async_client
+            if pair is None or pair[0] is not loop:
+                return
+            self._async_client = None
+        await pair[1].aclose()
+
+    # --- one request, four ways --------------------------------------------------------------
+
+    def _request(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: Mapping[str, Any],
+        *,
+        stream: bool,
+    ) -> dict[str, Any]:
+        """The arguments of ``infer`` / ``infer_stream`` for one call.
+
+        Per-call values win over the model's; a per-call ``policy`` or ``accelerator``
+        replaces the model's routing mode. Other keyword arguments are OpenAI chat
+        parameters, passed through for zml to check.
+        """
+        call = dict(kwargs)
+        call.pop("ls_structured_output_format", None)
+        call.pop("stream", None)
+        stream_usage = call.pop("stream_usage", self.stream_usage)
+        if any(k in call for k in _ROUTING_KWARGS):
+            routing = {"policy": call.pop("policy", None), "accelerator": call.pop("accelerator", None)}
+        else:
+            routing = {"policy": self.policy, "accelerator": self.accelerator}
+        model = call.pop("model", None) or self.model
+        metadata = call.pop("zml_metadata", self.zml_metadata)
+        params: dict[str, Any] = dict(self.model_kwargs)
+        if self.temperature is not None:
+            params["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            params["max_tokens"] = self.max_tokens
+        stop_sequences = stop if stop is not None else self.stop
+        if stop_sequences:
+            params["stop"] = list(stop_sequences)
+        if stream and "stream_options" not in call:
+            params["stream_options"] = {"include_usage": bool(stream_usage)}
+        params.update(call)
+        return {
+            "model": model,
+            "messages": to_openai_messages(messages),
+            **routing,
+            "metadata": metadata,
+            **params,
+        }
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        request = self._request(messages, stop, kwargs, stream=False)
+        return chat_result(self._sync_client().infer(**request))
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        request = self._request(messages, stop, kwargs, stream=False)
+        return chat_result(await self._aclient().infer(**request))
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        request = self._request(messages, stop, kwargs, stream=True)
+        converter = ChunkConverter()
+        with self._sync_client().infer_stream(**request) as stream:
+            for chunk in stream:
+                generation = converter.chunk(chunk)
+                if generation is not None:
+                    if run_manager is not None:
+                        run_manager.on_llm_new_token(generation.text, chunk=generation)
+                    yield generation
+        last = converter.last()
+        if run_manager is not None:
+            run_manager.on_llm_new_token("", chunk=last)
+        yield last
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        request = self._request(messages, stop, kwargs, stream=True)
+        converter = ChunkConverter()
+        async with self._aclient().infer_stream(**request) as stream:
+            async for chunk in stream:
+                generation = converter.chunk(chunk)
+                if generation is not None:
+                    if run_manager is not None:
+                        await run_manager.on_llm_new_token(generation.text, chunk=generation)
+                    yield generation
+        last = converter.last()
+        if run_manager is not None:
+            await run_manager.on_llm_new_token("", chunk=last)
+        yield last
+
+    # --- tools and structured output ---------------------------------------------------------
+
+    def bind_tools(
+        self,
+        tools: Sequence[Mapping[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | bool | Mapping[str, Any] | None = None,
+        strict: bool | None = None,
+        parallel_tool_calls: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools (anything ``convert_to_openai_tool`` accepts) to the model.
+
+        Args:
+            tools: the tools the model may call.
+            tool_choice: None/"auto" lets the model decide; "any", "required" or True force a
+                call; a tool's name forces that tool; "none" forbids calls.
+            strict: ask the node to hold the arguments to the schemas exactly.
+            parallel_tool_calls: whether the model may call several tools at once.
+            **kwargs: other request parameters to bind.
+        """
+        formatted = [convert_to_openai_tool(t, strict=strict) for t in tools]
+        choice = tool_choice_param(tool_choice, formatted)
+        if choice is not None:
+            kwargs["tool_choice"] = choice
+        if parallel_tool_calls is not None:
+            kwargs["parallel_tool_calls"] = parallel_tool_calls
+        return self.bind(tools=formatted, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: Mapping[str, Any] | type | None = None,
+        *,
+        method: StructuredOutputMethod = "function_calling",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, Any]:
+        """A runnable that answers in ``schema`` (pydantic class, TypedDict or JSON schema).
+
+        Args:
+            schema: the output schema; a pydantic class gives instances, anything else dicts.
+                Optional for ``json_mode`` only.
+            method: ``"function_calling"`` (a forced call of one tool), ``"json_schema"``
+                (``response_format`` with the schema) or ``"json_mode"`` (any JSON object;
+                say in the prompt which keys you want).
+            include_raw: return ``{"raw", "parsed", "parsing_error"}`` instead of raising on a
+                parse error.
+            strict: ask the node to hold to the schema exactly (function_calling, json_schema).
+        """
+        if kwargs:
+            raise ValueError(f"Received unsupported arguments {kwargs}")
+        llm = self.bind(**structured_request(schema, method, strict))
+        return with_parser(llm, output_parser(schema, method), include_raw)

@@ -1,0 +1,152 @@
+"""Fixtures shared by the whole suite: simulated fleets on loopback and their zml.toml."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zml.config import reset_active_registry
+from zml.fleet import forget_shared_state
+
+MODEL = "meta-llama/llama-3-8b-instruct"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_active_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts with no activated registry, fresh node state, no ZML_* environment."""
+    for var in ("ZML_CONFIG", "ZML_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    reset_active_registry()
+    forget_shared_state()
+    yield
+    reset_active_registry()
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, Sequence):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def render_config(
+    families: Mapping[str, Mapping[str, Any]],
+    nodes: Sequence[Mapping[str, Any]],
+    policies: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str:
+    """A zml.toml text for the given tables (scalars, lists and one nested ``sim`` table)."""
+    out: list[str] = []
+    for name, table in families.items():
+        out.append(f"[accelerators.{name}]")
+        out += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+        out.append("")
+    for node in nodes:
+        out.append("[[nodes]]")
+        out += [f"{k} = {_toml_value(v)}" for k, v in node.items() if not isinstance(v, Mapping)]
+        sim = node.get("sim")
+        if sim:
+            out.append("[nodes.sim]")
+            out += [f"{k} = {_toml_value(v)}" for k, v in sim.items() if k != "faults"]
+            if sim.get("faults"):
+                out.append("[nodes.sim.faults]")
+                out += [f"{k} = {_toml_value(v)}" for k, v in sim["faults"].items()]
+        out.append("")
+    for name, table in (policies or {}).items():
+        out.append(f"[policies.{name}]")
+        out += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+@dataclass
+class SimSetup:
+    """A running simulated fleet and the zml.toml that describes it."""
+
+    path: Path
+    fleet: Any  # zml.sim.SimFleet
+
+    def node(self, node_id: str) -> Any:
+        """The SimNode with this id (its ``stats``, ``set_faults``...)."""
+        return self.fleet.nodes[node_id]
+
+
+@pytest.fixture
+def sim_fleet(tmp_path: Path) -> Iterator[Callable[..., SimSetup]]:
+    """Factory: start simulated nodes on loopback and write the zml.toml pointing at them.
+
+    ``nodes`` entries are zml.toml ``[[nodes]]`` tables without ``url`` (added here); ``models``
+    defaults to the seed's model.
+    """
+    from zml.config import load_registry
+    from zml.sim import SimFleet
+    from zml.sim.from_config import specs_from_registry
+
+    started: list[Any] = []
+    counter = iter(range(1000))
+
+    def make(
+        nodes: Sequence[Mapping[str, Any]],
+        policies: Mapping[str, Mapping[str, Any]] | None = None,
+        families: Mapping[str, Mapping[str, Any]] | None = None,
+        time_scale: float = 1.0,
+        api_key: str | None = None,
+    ) -> SimSetup:
+        fams = families or {n["family"]: {} for n in nodes}
+        draft = [{"url": "http://127.0.0.1:1", "models": [MODEL], **n} for n in nodes]
+        specs, _ = specs_from_registry(
+            load_registry(_write(tmp_path / f"draft{next(counter)}.toml",
+                                 render_config(fams, draft, None))),
+            api_key=api_key,
+        )
+        fleet = SimFleet(specs, time_scale=time_scale).start()
+        started.append(fleet)
+        final = [{**n, "url": fleet.url(n["id"])} for n in draft]
+        path = _write(tmp_path / "zml.toml", render_config(fams, final, policies))
+        return SimSetup(path, fleet)
+
+    yield make
+    for fleet in started:
+        fleet.stop()
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+SEED_FAMILIES = {
+    "H100": {"cost_per_hour": 4.0},
+    "MI300X": {"cost_per_hour": 3.2},
+    "H100_PCIe": {"cost_per_hour": 2.4},
+}
+SEED_NODES = [
+    {"id": "h100-1", "family": "H100", "max_concurrency": 2},
+    {"id": "h100-2", "family": "H100", "max_concurrency": 2},
+    {"id": "h100-3", "family": "H100", "max_concurrency": 2},
+    {"id": "mi300x-1", "family": "MI300X", "max_concurrency": 2},
+    {"id": "mi300x-2", "family": "MI300X", "max_concurrency": 2},
+    {"id": "h100-pcie-1", "family": "H100_PCIe", "max_concurrency": 2},
+]
+SEED_POLICIES = {
+    "llama3-production": {
+        "accelerator_chain": ["H100", "MI300X", "H100_PCIe"],
+        "latency_target_ms": 500,
+        "cost_priority": "balanced",
+    }
+}
+
+
+@pytest.fixture
+def seed_fleet(sim_fleet: Callable[..., SimSetup]) -> SimSetup:
+    """The fleet of the 0.3 release post: H100, MI300X and H100_PCIe, and llama3-production."""
+    return sim_fleet(SEED_NODES, SEED_POLICIES, SEED_FAMILIES)

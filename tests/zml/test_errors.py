@@ -1,0 +1,58 @@
+"""The error tree: one base, typed branches, the status map in one place."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import zml
+from zml.errors import status_error
+
+
+def test_every_public_error_is_a_zml_error() -> None:
+    names = [n for n in zml.__all__ if n.endswith("Error")]
+    assert len(names) >= 17
+    for name in names:
+        assert issubclass(getattr(zml, name), zml.ZMLError), name
+
+
+def test_alias_and_routing_error_string() -> None:
+    assert zml.ZMLRoutingError is zml.RoutingError
+    ctx = {"policy": "p", "evaluated": [], "final_error": "no_viable_node",
+           "recommendation": "increase fleet capacity or enable queue_on_saturation"}
+    err = zml.RoutingError(ctx)
+    text = str(err)
+    assert text.startswith("routing failed for policy 'p': no_viable_node")
+    assert json.loads(text.split("routing_context = ", 1)[1]) == ctx
+    assert err.routing_context is ctx
+
+
+@pytest.mark.parametrize(
+    ("status", "cls", "retryable"),
+    [
+        (400, zml.BadRequestError, False),
+        (422, zml.BadRequestError, False),
+        (401, zml.AuthenticationError, False),
+        (403, zml.AuthenticationError, False),
+        (404, zml.NotFoundError, False),
+        (429, zml.RateLimitError, True),
+        (500, zml.InternalServerError, True),
+        (502, zml.NodeUnavailableError, True),
+        (503, zml.NodeUnavailableError, True),
+        (504, zml.NodeUnavailableError, True),
+    ],
+)
+def test_status_map(status: int, cls: type[zml.NodeStatusError], retryable: bool) -> None:
+    err = status_error(status, {"error": {"message": "nope"}}, node_id="n1")
+    assert type(err) is cls
+    assert err.retryable is retryable
+    assert err.status_code == status
+    assert "node 'n1' answered HTTP" in str(err) and "nope" in str(err)
+
+
+def test_timeouts_are_also_builtin_timeouts() -> None:
+    assert issubclass(zml.ZMLTimeoutError, TimeoutError)
+    assert issubclass(zml.NodeTimeoutError, TimeoutError)
+    assert issubclass(zml.IncompleteStreamError, zml.NodeProtocolError)
+    assert issubclass(zml.InvalidRequestError, ValueError)

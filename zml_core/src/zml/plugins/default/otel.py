@@ -1,0 +1,322 @@
+"""OpenTelemetry tracing and metrics for every request, through ``opentelemetry-api`` only.
+
+zml depends on the API, never the SDK: without a configured SDK the API's no-op providers make
+this plugin nearly free, and an application that configures one (``TracerProvider``,
+``MeterProvider``) gets, per the GenAI semantic conventions:
+
+* one span per request, kind CLIENT, named ``chat {model}``, with ``gen_ai.operation.name``,
+  ``gen_ai.provider.name`` (and the older ``gen_ai.system``) = ``"zml"``,
+  ``gen_ai.request.model``, ``gen_ai.response.model``, ``gen_ai.usage.input_tokens``,
+  ``gen_ai.usage.output_tokens``, ``server.address``/``server.port``, plus ``zml.policy``,
+  ``zml.accelerator``, ``zml.node_id``, ``zml.queue_depth``, ``zml.attempts`` and the cost;
+* an event ``zml.route.family`` per family evaluated by each routing decision (with
+  ``zml.family``, ``zml.nodes_checked``, ``zml.rejected_reason`` when rejected), and an event
+  ``zml.attempt.failed`` per failed attempt (``zml.node_id``, ``zml.accelerator``,
+  ``error.type``, ``http.response.status_code``);
+* on failure, status ERROR with ``error.type`` (the exception's class name; for a
+  RoutingError also ``zml.final_error``) and the exception recorded;
+* histograms ``gen_ai.client.operation.duration`` (s) and ``gen_ai.client.token.usage``
+  ({token}, with ``gen_ai.token.type`` = ``input`` | ``output``).
+
+No prompt or completion text is recorded unless ``ZML_TELEMETRY_CAPTURE_CONTENT=1`` (or
+``OpenTelemetryPlugin(capture_content=True)``): then the request's messages are added as the
+span attribute ``gen_ai.input.messages`` (JSON).
+
+The tracer and meter come from the global providers, fetched on first use (so an application
+may configure OpenTelemetry after importing zml), unless providers are passed to the plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Histogram, MeterProvider
+    from opentelemetry.trace import Span, Tracer, TracerProvider
+
+    from ...dispatch import Call
+    from ...errors import NodeError, ZMLError
+    from ...types import Attempt, Cost, RoutingInfo
+
+__all__ = ["ENV_CAPTURE_CONTENT", "OpenTelemetryPlugin", "plugin"]
+
+ENV_CAPTURE_CONTENT = "ZML_TELEMETRY_CAPTURE_CONTENT"
+PROVIDER = "zml"
+_SPAN = "zml.otel.span"
+
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+                    40.96, 81.92)
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
+                 16777216, 67108864)
+
+
+def _version() -> str:
+    from ... import __version__
+
+    return __version__
+
+
+class OpenTelemetryPlugin:
+    """The telemetry plugin; zml registers one instance (``plugin``) as ``zml.otel``.
+
+    Args:
+        tracer_provider: the provider to trace with (default: the global one, at first use).
+        meter_provider: the provider to measure with (default: the global one, at first use).
+        capture_content: record the request's messages; None reads
+            ``ZML_TELEMETRY_CAPTURE_CONTENT`` at each request.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+        capture_content: bool | None = None,
+    ) -> None:
+        self._tracer_provider = tracer_provider
+        self._meter_provider = meter_provider
+        self._capture_content = capture_content
+        self._tracer: Tracer | None = None
+        self._duration: Histogram | None = None
+        self._tokens: Histogram | None = None
+
+    # --- lazily fetched OpenTelemetry objects ------------------------------------------------
+
+    @property
+    def tracer(self) -> Tracer:
+        """The tracer (``get_tracer("zml", version)`` on the given or the global provider)."""
+        if self._tracer is None:
+            from opentelemetry import trace
+
+            self._tracer = trace.get_tracer(
+                "zml", _version(), tracer_provider=self._tracer_provider
+            )
+        return self._tracer
+
+    def _histograms(self) -> tuple[Histogram, Histogram]:
+        if self._duration is None or self._tokens is None:
+            from opentelemetry import metrics
+
+            meter = metrics.get_meter("zml", _version(), meter_provider=self._meter_provider)
+            self._duration = meter.create_histogram(
+                "gen_ai.client.operation.duration",
+                unit="s",
+                description="GenAI operation duration",
+                explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+            )
+            self._tokens = meter.create_histogram(
+                "gen_ai.client.token.usage",
+                unit="{token}",
+                description="Measures number of input and output tokens used",
+                explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
+            )
+        return self._duration, self._tokens
+
+    def _capture(self) -> bool:
+        if self._capture_content is not None:
+            return self._capture_content
+        return os.environ.get(ENV_CAPTURE_CONTENT, "").strip().lower() in ("1", "true", "yes")
+
+    # --- hooks -------------------------------------------------------------------------------
+
+    @hookimpl
+    def zml_request_started(self, call: Call) -> None:
+        """Start the request's span."""
+        from opentelemetry.trace import SpanKind
+
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": PROVIDER,
+            "gen_ai.system": PROVIDER,
+            "gen_ai.request.model": call.model,
+            "zml.stream": call.stream,
+        }
+        if call.policy_name is not None:
+            attributes["zml.policy"] = call.policy_name
+        if call.accelerator is not None:
+            attributes["zml.pinned_accelerator"] = call.accelerator
+        span = self.tracer.start_span(
+            f"chat {call.model}", kind=SpanKind.CLIENT, attributes=attributes
+        )
+        if span.is_recording() and self._capture():
+            messages = json.loads(call.body).get("messages", [])
+            span.set_attribute("gen_ai.input.messages", json.dumps(messages, ensure_ascii=False))
+        call.state[_SPAN] = span
+
+    @hookimpl
+    def zml_request_routed(self, call: Call, routing: RoutingInfo) -> None:
+        """Record the decision: the node, its family and load, and each family evaluated."""
+        span: Span | None = call.state.get(_SPAN)
+        if span is None or not span.is_recording():
+            return
+        host, port = _split_address(routing.server_address)
+        span.set_attributes(
+            {
+                "zml.accelerator": routing.accelerator,
+                "zml.node_id": routing.node_id,
+                "zml.queue_depth": routing.queue_depth,
+                "zml.node_load": routing.node_load,
+                "zml.predicted_ttft_ms": routing.predicted_ttft_ms,
+                "server.address": host,
+            }
+        )
+        if port is not None:
+            span.set_attribute("server.port", port)
+        _family_events(span, routing.evaluated)
+
+    @hookimpl
+    def zml_attempt_failed(self, call: Call, attempt: Attempt, error: NodeError) -> None:
+        """Add a ``zml.attempt.failed`` event."""
+        span: Span | None = call.state.get(_SPAN)
+        if span is None or not span.is_recording():
+            return
+        attributes: dict[str, Any] = {
+            "zml.attempt": len(call.attempts),
+            "zml.node_id": attempt.node_id,
+            "zml.accelerator": attempt.accelerator,
+            "error.type": attempt.error,
+        }
+        if attempt.status_code is not None:
+            attributes["http.response.status_code"] = attempt.status_code
+        span.add_event("zml.attempt.failed", attributes)
+
+    @hookimpl
+    def zml_request_completed(
+        self,
+        call: Call,
+        routing: RoutingInfo,
+        usage: Mapping[str, Any] | None,
+        cost: Cost | None,
+    ) -> None:
+        """Finish the span with usage and cost; record duration and token histograms."""
+        span: Span | None = call.state.pop(_SPAN, None)
+        input_tokens, output_tokens = _tokens(usage)
+        host, _ = _split_address(routing.server_address)
+        if span is not None:
+            if span.is_recording():
+                attributes: dict[str, Any] = {
+                    "gen_ai.response.model": call.model,
+                    "zml.attempts": len(routing.attempts) + 1,
+                }
+                if input_tokens is not None:
+                    attributes["gen_ai.usage.input_tokens"] = input_tokens
+                if output_tokens is not None:
+                    attributes["gen_ai.usage.output_tokens"] = output_tokens
+                if cost is not None:
+                    attributes["zml.cost.amount"] = cost.amount
+                    attributes["zml.cost.currency"] = cost.currency
+                    attributes["zml.cost.basis"] = cost.basis
+                span.set_attributes(attributes)
+            span.end()
+        metric_attrs = self._metric_attributes(call, host, routing.accelerator)
+        metric_attrs["gen_ai.response.model"] = call.model
+        duration, tokens = self._histograms()
+        duration.record(max(0.0, call.d.clock() - call.started_at), metric_attrs)
+        if input_tokens is not None:
+            tokens.record(input_tokens, {**metric_attrs, "gen_ai.token.type": "input"})
+        if output_tokens is not None:
+            tokens.record(output_tokens, {**metric_attrs, "gen_ai.token.type": "output"})
+
+    @hookimpl
+    def zml_request_failed(self, call: Call, error: ZMLError) -> None:
+        """Finish the span with status ERROR and ``error.type``; record the duration."""
+        from opentelemetry.trace import Status, StatusCode
+
+        error_type = type(error).__name__
+        span: Span | None = call.state.pop(_SPAN, None)
+        routing = getattr(error, "routing", None)
+        host = accelerator = None
+        if routing is not None:
+            host, _ = _split_address(routing.server_address)
+            accelerator = routing.accelerator
+        if span is not None:
+            if span.is_recording():
+                span.set_attribute("error.type", error_type)
+                span.set_attribute("zml.attempts", len(call.attempts))
+                context = getattr(error, "routing_context", None)
+                if isinstance(context, Mapping):
+                    final = context.get("final_error")
+                    if final:
+                        span.set_attribute("zml.final_error", str(final))
+                    if not call.attempts:
+                        # no decision was made, so no routed event listed the families
+                        _family_events(span, context.get("evaluated") or ())
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, _first_line(error)))
+            span.end()
+        metric_attrs = self._metric_attributes(call, host, accelerator)
+        metric_attrs["error.type"] = error_type
+        duration, _ = self._histograms()
+        duration.record(max(0.0, call.d.clock() - call.started_at), metric_attrs)
+
+    @hookimpl
+    def zml_request_cancelled(self, call: Call) -> None:
+        """Finish the span, marked ``zml.cancelled`` (no error status: the caller chose)."""
+        span: Span | None = call.state.pop(_SPAN, None)
+        if span is not None:
+            if span.is_recording():
+                span.set_attribute("zml.cancelled", True)
+            span.end()
+
+    @staticmethod
+    def _metric_attributes(
+        call: Call, host: str | None, accelerator: str | None
+    ) -> dict[str, Any]:
+        attrs: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": PROVIDER,
+            "gen_ai.request.model": call.model,
+        }
+        if host:
+            attrs["server.address"] = host
+        if accelerator:
+            attrs["zml.accelerator"] = accelerator
+        if call.policy_name is not None:
+            attrs["zml.policy"] = call.policy_name
+        return attrs
+
+
+def _family_events(span: Span, evaluated: Any) -> None:
+    for entry in evaluated:
+        if not isinstance(entry, Mapping):
+            continue
+        attributes: dict[str, Any] = {
+            "zml.family": str(entry.get("family")),
+            "zml.nodes_checked": int(entry.get("nodes_checked") or 0),
+        }
+        reason = entry.get("rejected_reason")
+        if reason is not None:
+            attributes["zml.rejected_reason"] = str(reason)
+        span.add_event("zml.route.family", attributes)
+
+
+def _split_address(address: str) -> tuple[str, int | None]:
+    """``host:port`` (or ``[v6]:port``) as (host, port)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or (host.startswith("[") != host.endswith("]")):
+        return address, None
+    return host.strip("[]"), int(port)
+
+
+def _tokens(usage: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
+    if not usage:
+        return None, None
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens")
+    return (
+        prompt if isinstance(prompt, int) else None,
+        completion if isinstance(completion, int) else None,
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    text = getattr(error, "message", None) or str(error)
+    return str(text).splitlines()[0][:300] if text else type(error).__name__
+
+
+plugin = OpenTelemetryPlugin()
+"""The instance zml registers (global providers)."""

@@ -1,0 +1,86 @@
+"""A client's fleet registry: ``zml.toml``'s configuration merged with every fleet source.
+
+The built-in static fleet (``zml.toml``'s families and nodes) is a fleet source like any
+other, so the registry starts empty of families and nodes (it keeps the file's policy tables
+and name) and each source adds to it through :meth:`zml.config.Registry.with_additions`, which
+validates nodes as the file's own are (unique ids, registered families).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from ..config import (
+    AcceleratorConfig,
+    NodeConfig,
+    Registry,
+    config_error_from_validation,
+)
+from ..errors import PolicyConfigError
+from .policy_sources import source_name
+
+if TYPE_CHECKING:
+    from .hookspecs import FleetSource
+    from .manager import PluginManager
+
+__all__ = ["build_registry", "collect_fleet_sources"]
+
+
+def collect_fleet_sources(pm: PluginManager, config: Registry) -> list[FleetSource]:
+    """Call ``zml_register_fleet_sources`` and return the sources, in registration order."""
+    sources: list[FleetSource] = []
+
+    def register(source: FleetSource) -> None:
+        if not callable(getattr(source, "families", None)) or not callable(
+            getattr(source, "nodes", None)
+        ):
+            raise TypeError(f"a fleet source needs families() and nodes() methods, got {source!r}")
+        if not any(s is source for s in sources):
+            sources.append(source)
+
+    pm.hook.zml_register_fleet_sources(register=register, config=config)
+    return sources
+
+
+def build_registry(pm: PluginManager, config: Registry) -> Registry:
+    """The client's registry: ``config``'s policy tables, plus the fleet sources' families and
+    nodes, merged in order (raises PolicyConfigError naming the source on a bad entry)."""
+    registry = Registry({}, (), config.policies, config.source)
+    for source in collect_fleet_sources(pm, config):
+        where = f"fleet source {source_name(source)!r}"
+        families = {
+            str(name): _accelerator(acc, f"{where}: accelerators.{name}")
+            for name, acc in source.families().items()
+        }
+        nodes = [_node(node, f"{where}: nodes[{i}]") for i, node in enumerate(source.nodes())]
+        registry = registry.with_additions(families, nodes, origin=where)
+    pm.fleet_read = True
+    return registry
+
+
+def _accelerator(value: AcceleratorConfig | Mapping[str, Any], where: str) -> AcceleratorConfig:
+    if isinstance(value, AcceleratorConfig):
+        return value
+    try:
+        return AcceleratorConfig.model_validate(value)
+    except ValidationError as exc:
+        raise config_error_from_validation(exc, value, where, None) from None
+
+
+def _node(value: NodeConfig | Mapping[str, Any], where: str) -> NodeConfig:
+    if isinstance(value, NodeConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise PolicyConfigError(
+            f"{where}: a node must be a NodeConfig or a mapping of its fields, got "
+            f"{type(value).__name__}",
+            field="nodes",
+            value=value,
+        )
+    try:
+        return NodeConfig.model_validate(value)
+    except ValidationError as exc:
+        raise config_error_from_validation(exc, value, where, None) from None

@@ -1,0 +1,327 @@
+"""The hook specifications of zml: everything a plugin can implement, in one module.
+
+A plugin is any object (usually a module) with functions named like the hooks below and
+decorated with :data:`zml.hookimpl`. An implementation may accept any subset of a hook's
+parameters, by name. Four families of hooks:
+
+* **fleet sources** (:func:`zml_register_fleet_sources`): families and nodes from somewhere
+  other than ``zml.toml``; read once, when a client is built.
+* **policy sources** (:func:`zml_register_policy_sources`): named policies, looked up live by
+  ``infer(policy="name")``.
+* **telemetry** (``zml_request_*``, :func:`zml_attempt_failed`): notifications, for every
+  request of both clients, sync and async.
+* **cost attribution** (:func:`zml_attribute_cost`): the first non-None cost wins.
+
+Notification hooks (telemetry and cost) are called one implementation at a time, so that an
+exception in one plugin never fails the request nor hides the event from the others: it is
+logged once per plugin and hook (logger ``zml.plugins``). For the same reason these hooks do not
+accept ``wrapper=True``/``hookwrapper=True`` implementations; a plugin that declares one is
+refused at registration. ``tryfirst=True`` and ``trylast=True`` order implementations as usual.
+
+Order: pluggy calls implementations last-registered-first. zml registers its built-in plugins
+first, then installed (entry point) plugins in reverse order of their entry point names, then
+plugins registered in code; so code plugins are called before installed plugins, installed
+plugins in alphabetical order of entry point name, and built-in plugins last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from pluggy import HookimplMarker, HookspecMarker
+
+if TYPE_CHECKING:
+    from ..config import AcceleratorConfig, NodeConfig, Registry
+    from ..dispatch import Call
+    from ..errors import NodeError, ZMLError
+    from ..policy import Policy
+    from ..types import Attempt, Cost, RoutingInfo
+
+__all__ = [
+    "FleetSource",
+    "PolicySource",
+    "VersionedPolicySource",
+    "hookimpl",
+    "hookspec",
+]
+
+hookspec = HookspecMarker("zml")
+hookimpl = HookimplMarker("zml")
+"""Marks a plugin's hook implementation: ``@zml.hookimpl`` (options: tryfirst, trylast...)."""
+
+
+# --- what the register callbacks accept ----------------------------------------------------
+
+
+@runtime_checkable
+class PolicySource(Protocol):
+    """A store of named policies, registered through :func:`zml_register_policy_sources`.
+
+    ``get`` returns the policy's fields (a mapping of :class:`zml.Policy` fields; ``name`` may
+    be left out) or a :class:`zml.Policy`, or None when the source does not know the name.
+    ``list`` returns the names the source knows. Both may be called from any thread.
+
+    Two optional methods tell a client when to read again (without them the source is read
+    once per name and cached for the client's life):
+
+    * ``version() -> Hashable``: a cheap token that changes when the store changes (SQLite's
+      ``PRAGMA data_version``, a file's mtime); polled on every named-policy lookup.
+    * ``subscribe(callback)``: the source calls ``callback()`` (from any thread) after a change.
+
+    An optional ``name`` attribute names the source in error messages.
+    """
+
+    def get(self, name: str) -> Mapping[str, Any] | Policy | None:
+        """The policy called ``name``, or None."""
+        ...
+
+    def list(self) -> Iterable[str]:
+        """The names of the policies this source knows."""
+        ...
+
+
+@runtime_checkable
+class VersionedPolicySource(PolicySource, Protocol):
+    """A :class:`PolicySource` with change detection by polling."""
+
+    def version(self) -> Hashable:
+        """A token that changes whenever the source's policies change (must be cheap)."""
+        ...
+
+
+@runtime_checkable
+class FleetSource(Protocol):
+    """Families and nodes from outside ``zml.toml``: see :func:`zml_register_fleet_sources`.
+
+    ``families`` maps family names to :class:`zml.config.AcceleratorConfig` (or mappings of
+    its fields: ``cost_per_hour``, ``cost_per_1k_tokens``); ``nodes`` yields
+    :class:`zml.config.NodeConfig` (or mappings of its fields, as in a ``[[nodes]]`` table).
+    An optional ``name`` attribute names the source in error messages.
+    """
+
+    def families(self) -> Mapping[str, AcceleratorConfig | Mapping[str, Any]]:
+        """Accelerator families by name."""
+        ...
+
+    def nodes(self) -> Iterable[NodeConfig | Mapping[str, Any]]:
+        """Serving nodes."""
+        ...
+
+
+# --- fleet and policy sources ----------------------------------------------------------------
+
+
+@hookspec
+def zml_register_fleet_sources(
+    register: Callable[[FleetSource], None], config: Registry
+) -> None:
+    """Register sources of accelerator families and nodes.
+
+    Called once per client, when it is built, before any policy is validated: the client's
+    registry is ``zml.toml``'s plus every family and node registered here, and a
+    :class:`zml.Policy` may name a family that only a fleet source declares. The registry is
+    then made the active one (``zml.Policy(...)`` validates against it).
+
+    Precedence: sources are merged in the order they are registered. The built-in static
+    fleet (``zml.toml``'s ``[accelerators.*]`` and ``[[nodes]]``) is registered first
+    (``tryfirst``). When two sources declare a family, the first declaration is kept; a node
+    id declared twice is a :class:`zml.PolicyConfigError` naming the source.
+
+    Fleet sources are not read again: a plugin registered with ``client.plugins.register``
+    after the client was built does not change its fleet (register it process-wide with
+    ``zml.plugins.register`` before building the client, or install it).
+
+    Args:
+        register: call ``register(source)`` with each :class:`FleetSource`.
+        config: the registry read from ``zml.toml`` (or passed as ``Client(config=...)``).
+
+    Returns:
+        Nothing; called for every plugin (not ``firstresult``).
+    """
+
+
+@hookspec
+def zml_register_policy_sources(
+    register: Callable[[PolicySource], None], registry: Registry
+) -> None:
+    """Register sources of named policies, for ``infer(policy="name")``.
+
+    Called when a client is built (after its fleet registry is complete), and again when a
+    plugin is registered on or unregistered from the client's plugin manager.
+
+    A lookup asks the sources in the order they were registered and the first one whose
+    ``get(name)`` is not None wins. With pluggy's order (see the module docstring) that is:
+    plugins registered in code first, then installed plugins, then the built-in ``zml.toml``
+    source (``[policies.NAME]`` tables; ``trylast``). Within one plugin, the order of its
+    ``register`` calls.
+
+    What a source returns is validated against the client's registry (an unknown family, a
+    bad field) and raises :class:`zml.PolicyConfigError` naming the source. Results are cached
+    per name; a source with ``version()`` or ``subscribe()`` is read again after it changes,
+    so an edit in a policy store reaches running clients without a restart.
+
+    Args:
+        register: call ``register(source)`` with each :class:`PolicySource`.
+        registry: the client's complete fleet registry (families, nodes, ``zml.toml`` tables).
+
+    Returns:
+        Nothing; called for every plugin (not ``firstresult``).
+    """
+
+
+# --- telemetry -------------------------------------------------------------------------------
+
+
+@hookspec
+def zml_request_started(call: Call, metadata: Mapping[str, Any]) -> None:
+    """A request was validated and is about to be routed (once per request).
+
+    Called by both clients, for ``infer`` and ``infer_stream``, before any routing decision.
+    ``call.state`` is a per-request scratch dict for plugins (keep a span or a timer there,
+    under a key your plugin owns). Exactly one of :func:`zml_request_completed`,
+    :func:`zml_request_failed` or :func:`zml_request_cancelled` follows.
+
+    Args:
+        call: the request: ``call.model``, ``call.policy_name``, ``call.stream``,
+            ``call.metadata``, ``call.started_at`` (monotonic seconds), ``call.state``.
+            ``call.body`` is the encoded request (prompt included): do not record it unless
+            the user opted in.
+        metadata: the per-call ``metadata={...}`` (team, service...); the same as
+            ``call.metadata``.
+
+    Returns:
+        Nothing (notification; exceptions are logged, never raised).
+    """
+
+
+@hookspec
+def zml_request_routed(call: Call, routing: RoutingInfo, metadata: Mapping[str, Any]) -> None:
+    """A routing decision was made and a slot reserved on a node (once per attempt).
+
+    Called again for each failover attempt, with that attempt's decision.
+
+    Args:
+        call: the request (see :func:`zml_request_started`).
+        routing: the decision: ``node_id``, ``accelerator``, ``policy``, ``queue_depth``,
+            ``node_load``, ``predicted_ttft_ms``, ``evaluated`` (one entry per family looked
+            at), ``attempts`` (failed so far), ``server_address``.
+        metadata: the per-call ``metadata={...}``.
+
+    Returns:
+        Nothing (notification; exceptions are logged, never raised).
+    """
+
+
+@hookspec
+def zml_attempt_failed(
+    call: Call, attempt: Attempt, error: NodeError, metadata: Mapping[str, Any]
+) -> None:
+    """An attempt failed before the first token reached the caller (once per failed attempt).
+
+    Another attempt may follow (:func:`zml_request_routed` again) or the request may fail.
+
+    Args:
+        call: the request.
+        attempt: ``node_id``, ``accelerator``, ``error`` (a short kind such as
+            ``unavailable``), ``status_code``, ``message``; also in ``routing.attempts``.
+        error: the node error (``error.retryable``, ``error.routing``).
+        metadata: the per-call ``metadata={...}``.
+
+    Returns:
+        Nothing (notification; exceptions are logged, never raised).
+    """
+
+
+@hookspec
+def zml_request_completed(
+    call: Call,
+    routing: RoutingInfo,
+    usage: Mapping[str, Any] | None,
+    held_s: float,
+    cost: Cost | None,
+    metadata: Mapping[str, Any],
+) -> None:
+    """A request succeeded: the whole answer arrived (for a stream, after its last chunk).
+
+    Called after :func:`zml_attribute_cost`, with its result.
+
+    Args:
+        call: the request.
+        routing: where it went (``response.routing``); ``routing.cost`` is set just after.
+        usage: the node's token counts (``prompt_tokens``, ``completion_tokens``,
+            ``total_tokens``), or None when the node sent none.
+        held_s: seconds the request held its slot on the node.
+        cost: the attributed cost, or None.
+        metadata: the per-call ``metadata={...}``.
+
+    Returns:
+        Nothing (notification; exceptions are logged, never raised).
+    """
+
+
+@hookspec
+def zml_request_failed(call: Call, error: ZMLError, metadata: Mapping[str, Any]) -> None:
+    """A request ended with a zml error: RoutingError, a NodeError, ZMLTimeoutError...
+
+    Args:
+        call: the request (``call.attempts``: the failed attempts).
+        error: the error raised to the caller; a :class:`zml.RoutingError` carries
+            ``routing_context`` (``evaluated``, ``final_error``...).
+        metadata: the per-call ``metadata={...}``.
+
+    Returns:
+        Nothing (notification; exceptions are logged, never raised).
+    """
+
+
+@hookspec
+def zml_request_cancelled(call: Call, metadata: Mapping[str, Any]) -> None:
+    """The caller went away: task cancelled, stream closed early, an error in its own code.
+
+    Args:
+        call: the request.
+        metadata: the per-call ``metadata={...}``.
+
+    Returns:
+        Nothing (notification; exceptions are logged, never raised).
+    """
+
+
+# --- cost attribution --------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def zml_attribute_cost(
+    call: Call,
+    routing: RoutingInfo,
+    usage: Mapping[str, Any] | None,
+    held_s: float,
+    accelerator: AcceleratorConfig | None,
+    node: NodeConfig | None,
+    metadata: Mapping[str, Any],
+) -> Cost | None:
+    """The cost of a successful request; it becomes ``response.routing.cost``.
+
+    Called once per successful request, before :func:`zml_request_completed`. **Stops at the
+    first non-None result.** The built-in cost model is ``trylast``, so any plugin that returns
+    a cost overrides it; return None to leave the request to the next implementation. An
+    implementation that raises is logged and skipped.
+
+    The built-in model: with ``cost_per_1k_tokens`` on the family and token usage reported,
+    ``cost_per_1k_tokens × total_tokens / 1000`` (basis ``"tokens"``); else with
+    ``cost_per_hour``, the node-seconds the request held one of the node's slots:
+    ``cost_per_hour / 3600 × held_s / max_concurrency`` (basis ``"node_seconds"``).
+
+    Args:
+        call: the request (``call.metadata`` for chargeback labels).
+        routing: where it went: ``node_id``, ``accelerator``, ``policy``...
+        usage: the node's token counts, or None.
+        held_s: seconds the request held its slot on the node.
+        accelerator: the family's ``[accelerators.NAME]`` configuration, if registered.
+        node: the serving node's configuration (``max_concurrency``...), if known.
+        metadata: the per-call ``metadata={...}`` (team, service...).
+
+    Returns:
+        A :class:`zml.Cost` (a mapping of its fields is accepted), or None.
+    """

@@ -1,0 +1,272 @@
+"""Loading plugins: the process-wide set, and the per-client plugin manager built from it.
+
+Installed plugins are setuptools entry points of group ``zml``. They are discovered once per
+process, lazily, when the first client is built (or ``zml.plugins.register`` is first called):
+never as a side effect of ``import zml``, and never per request. Two environment variables,
+read at that moment, control it:
+
+* ``ZML_DISABLE_PLUGIN_AUTOLOAD=1``: load no installed plugin (only those named below).
+* ``ZML_PLUGINS=a,b``: load only these, by entry point name or distribution name (even with
+  autoload disabled). Set but empty: load none.
+
+A plugin that fails to import, or that implements a hook that does not exist (a misspelling,
+caught by ``check_pending``), is skipped with one warning naming it.
+
+The built-in behaviour is made of plugins too (``zml.plugins.default``), registered first, the
+same way. Each client gets its own :class:`PluginManager`, a copy of the process-wide one:
+``client.plugins.register(obj)`` affects that client only, ``zml.plugins.register(obj)`` every
+client built afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Mapping
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+
+__all__ = [
+    "ENV_DISABLE_AUTOLOAD",
+    "ENV_PLUGINS",
+    "NOTIFICATION_HOOKS",
+    "PluginManager",
+    "client_manager",
+    "discover",
+    "process_manager",
+]
+
+ENV_DISABLE_AUTOLOAD = "ZML_DISABLE_PLUGIN_AUTOLOAD"
+ENV_PLUGINS = "ZML_PLUGINS"
+GROUP = "zml"
+
+NOTIFICATION_HOOKS = frozenset(
+    {
+        "zml_request_started",
+        "zml_request_routed",
+        "zml_attempt_failed",
+        "zml_request_completed",
+        "zml_request_failed",
+        "zml_request_cancelled",
+        "zml_attribute_cost",
+    }
+)
+"""Hooks called one implementation at a time, with exceptions isolated (no wrappers)."""
+
+FLEET_HOOK = "zml_register_fleet_sources"
+
+logger = logging.getLogger("zml.plugins")
+
+
+class PluginManager(pluggy.PluginManager):
+    """zml's pluggy plugin manager (project name ``"zml"``, the hooks of :mod:`.hookspecs`).
+
+    ``register`` validates each plugin as it arrives: an unknown hook (a misspelled name) or a
+    wrapper on a notification hook raises :class:`pluggy.PluginValidationError`, and the plugin
+    is not registered. ``generation`` counts registrations, so the named-policy mapping of a
+    client knows when to ask the policy sources again.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(GROUP)
+        self.add_hookspecs(hookspecs)
+        self.generation = 0
+        self.fleet_read = False
+        """Set once a client has read the fleet sources (later fleet plugins are not used)."""
+        self._impls: dict[str, tuple[pluggy.HookImpl, ...]] = {}
+
+    def register(self, plugin: Any, name: str | None = None) -> str | None:
+        """Register ``plugin`` (a module, class instance...) under ``name``; return its name.
+
+        Raises:
+            pluggy.PluginValidationError: a hook implementation does not match a hook of
+                :mod:`zml.plugins.hookspecs`, or is a wrapper on a notification hook.
+            ValueError: the name or the object is already registered.
+        """
+        registered = super().register(plugin, name)
+        if registered is None:
+            return None
+        try:
+            self._validate(plugin)
+        except Exception:
+            super().unregister(plugin)
+            raise
+        self._changed()
+        if self.fleet_read and self._implements(plugin, FLEET_HOOK):
+            warnings.warn(
+                f"plugin {registered!r} implements {FLEET_HOOK}, but this client has already "
+                "built its fleet; register it with zml.plugins.register() before building the "
+                "client, or install it as an entry point",
+                stacklevel=2,
+            )
+        return registered
+
+    def unregister(self, plugin: Any | None = None, name: str | None = None) -> Any | None:
+        """Unregister a plugin (by object or name); return it."""
+        removed = super().unregister(plugin, name)
+        self._changed()
+        return removed
+
+    def set_blocked(self, name: str) -> None:
+        """Unregister the plugin called ``name`` (if any) and refuse it from now on."""
+        super().set_blocked(name)
+        self._changed()
+
+    def impls(self, hook_name: str) -> tuple[pluggy.HookImpl, ...]:
+        """The implementations of a hook in call order (first called first); cached."""
+        found = self._impls.get(hook_name)
+        if found is None:
+            caller: pluggy.HookCaller | None = getattr(self.hook, hook_name, None)
+            found = tuple(reversed(caller.get_hookimpls())) if caller is not None else ()
+            self._impls[hook_name] = found
+        return found
+
+    def copy(self) -> PluginManager:
+        """A new manager with the same plugins (and blocked names), in the same order."""
+        pm = PluginManager()
+        for name, plugin in self.list_name_plugin():
+            if plugin is None:
+                pm.set_blocked(name)
+            else:
+                pm.register(plugin, name)
+        return pm
+
+    def _changed(self) -> None:
+        self._impls.clear()
+        self.generation += 1
+
+    def _validate(self, plugin: Any) -> None:
+        self.check_pending()
+        for caller in self.get_hookcallers(plugin) or ():
+            if caller.name not in NOTIFICATION_HOOKS:
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin and (impl.wrapper or impl.hookwrapper):
+                    raise pluggy.PluginValidationError(
+                        plugin,
+                        f"{caller.name} of plugin {self.get_name(plugin)!r} is a wrapper; "
+                        "notification hooks are called one implementation at a time and "
+                        "take plain implementations (tryfirst/trylast for order)",
+                    )
+
+    def _implements(self, plugin: Any, hook_name: str) -> bool:
+        return any(c.name == hook_name for c in self.get_hookcallers(plugin) or ())
+
+
+# --- discovery -------------------------------------------------------------------------------
+
+DEFAULT_PLUGINS: tuple[tuple[str, str], ...] = (
+    ("zml.static_fleet", "zml.plugins.default.static_fleet"),
+    ("zml.toml_policies", "zml.plugins.default.toml_policies"),
+    ("zml.cost", "zml.plugins.default.cost"),
+    ("zml.otel", "zml.plugins.default.otel"),
+)
+"""The built-in plugins: (name, module). A module's ``plugin`` attribute, if it has one, is
+registered instead of the module (the OpenTelemetry plugin is an instance)."""
+
+
+def _wanted(environ: Mapping[str, str]) -> tuple[bool, frozenset[str] | None]:
+    """(autoload, only): whether to load every installed plugin, and which names to load."""
+    autoload = environ.get(ENV_DISABLE_AUTOLOAD, "").strip().lower() in ("", "0", "false", "no")
+    listed = environ.get(ENV_PLUGINS)
+    if listed is None:
+        return autoload, None
+    return autoload, frozenset(n.strip() for n in listed.split(",") if n.strip())
+
+
+def discover(
+    pm: PluginManager, environ: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """Load the installed plugins that ``environ`` allows into ``pm``.
+
+    Entry points are registered in reverse order of name, so that they are *called* in
+    alphabetical order. A plugin that fails to load or to validate is skipped with a warning.
+    Returns (entry point name, distribution name) for each plugin registered.
+    """
+    env = os.environ if environ is None else environ
+    autoload, only = _wanted(env)
+    if not autoload and not only:
+        return []
+    found: dict[str, tuple[metadata.EntryPoint, str]] = {}
+    for dist in metadata.distributions():
+        dist_name = dist.metadata["Name"] or ""
+        for ep in dist.entry_points:
+            if ep.group != GROUP or ep.name in found:
+                continue
+            if only is not None and ep.name not in only and dist_name not in only:
+                continue
+            found[ep.name] = (ep, dist_name)
+    loaded: list[tuple[str, str]] = []
+    for name in sorted(found, reverse=True):
+        ep, dist_name = found[name]
+        if pm.has_plugin(name) or pm.is_blocked(name):
+            continue
+        try:
+            plugin = ep.load()
+        except Exception as exc:
+            warnings.warn(
+                f"zml plugin {name!r} (from {dist_name or 'an unknown distribution'}, "
+                f"{ep.value}) failed to import and is not loaded: {type(exc).__name__}: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            continue
+        try:
+            pm.register(plugin, name=name)
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            warnings.warn(
+                f"zml plugin {name!r} (from {dist_name or 'an unknown distribution'}) is not "
+                f"loaded: {exc}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            continue
+        loaded.append((name, dist_name))
+    if only:
+        missing = sorted(
+            n for n in only if n not in found and n not in {d for _, d in found.values()}
+        )
+        if missing:
+            warnings.warn(
+                f"{ENV_PLUGINS} names plugin(s) that are not installed: {', '.join(missing)}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+    return loaded
+
+
+def register_defaults(pm: PluginManager) -> None:
+    """Register the built-in plugins of :data:`DEFAULT_PLUGINS` into ``pm``."""
+    for name, module_name in DEFAULT_PLUGINS:
+        module = importlib.import_module(module_name)
+        pm.register(getattr(module, "plugin", module), name=name)
+
+
+_lock = threading.Lock()
+_process: PluginManager | None = None
+
+
+def process_manager() -> PluginManager:
+    """The process-wide manager: built-in plugins, then installed ones (loaded on first use)."""
+    global _process
+    with _lock:
+        if _process is None:
+            pm = PluginManager()
+            register_defaults(pm)
+            discover(pm)
+            _process = pm
+        return _process
+
+
+def client_manager() -> PluginManager:
+    """A new manager for one client: a copy of the process-wide one."""
+    pm = process_manager()
+    with _lock:
+        return pm.copy()

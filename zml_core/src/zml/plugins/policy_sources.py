@@ -1,0 +1,207 @@
+"""A client's named policies: a live, cached view over the registered policy sources.
+
+``infer(policy="name")`` looks the name up here on every request, so the lookup must be cheap,
+and an edit in a policy store must reach a running client without a restart. Both hold by
+caching each name's validated :class:`~zml.policy.Policy` and dropping the cache when something
+changed: a source's ``version()`` token (polled per lookup: for SQLite one
+``PRAGMA data_version``), a source's ``subscribe`` callback, or a plugin registered on or
+unregistered from the client's manager (then the sources are collected again).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..config import Registry
+from ..errors import PolicyConfigError
+from ..policy import Policy, check_families, policy_from_mapping
+
+if TYPE_CHECKING:
+    from .hookspecs import PolicySource
+    from .manager import PluginManager
+
+__all__ = ["SourcePolicies", "collect_policy_sources", "source_name"]
+
+logger = logging.getLogger("zml.plugins")
+
+_MISSING = object()
+_CACHE_LIMIT = 4096
+
+
+def source_name(source: object) -> str:
+    """How a source is named in messages: its ``name`` attribute, else its type's name."""
+    name = getattr(source, "name", None)
+    return name if isinstance(name, str) and name else type(source).__name__
+
+
+def collect_policy_sources(pm: PluginManager, registry: Registry) -> list[PolicySource]:
+    """Call ``zml_register_policy_sources`` and return the sources, in precedence order."""
+    sources: list[PolicySource] = []
+
+    def register(source: PolicySource) -> None:
+        if not callable(getattr(source, "get", None)) or not callable(
+            getattr(source, "list", None)
+        ):
+            raise TypeError(
+                f"a policy source needs get(name) and list() methods, got {source!r}"
+            )
+        if not any(s is source for s in sources):
+            sources.append(source)
+
+    pm.hook.zml_register_policy_sources(register=register, registry=registry)
+    return sources
+
+
+class SourcePolicies(Mapping[str, Policy]):
+    """``Mapping[str, Policy]`` over a client's policy sources (``Dispatcher.policies``).
+
+    The first source (in precedence order) whose ``get(name)`` is not None defines ``name``.
+    What it returns is validated against ``registry``; an invalid policy raises
+    :class:`PolicyConfigError` naming the source (and is not cached, so a fix is seen at once).
+    """
+
+    def __init__(self, pm: PluginManager, registry: Registry) -> None:
+        self._pm = pm
+        self._registry = registry
+        self._lock = threading.Lock()
+        self._cache: dict[str, Policy | object] = {}
+        self._names: tuple[str, ...] | None = None
+        self._dirty = False
+        self._generation = -1
+        self._sources: list[PolicySource] = []
+        self._versioned: list[tuple[Callable[[], Hashable], list[Hashable]]] = []
+        self._refresh_sources()
+
+    def _refresh_sources(self) -> None:
+        generation = self._pm.generation
+        sources = collect_policy_sources(self._pm, self._registry)
+        versioned: list[tuple[Callable[[], Hashable], list[Hashable]]] = []
+        for source in sources:
+            version = getattr(source, "version", None)
+            if callable(version):
+                versioned.append((version, [version()]))
+            subscribe = getattr(source, "subscribe", None)
+            if callable(subscribe) and not any(s is source for s in self._sources):
+                subscribe(self._invalidate)
+        with self._lock:
+            self._sources = sources
+            self._versioned = versioned
+            self._generation = generation
+            self._cache.clear()
+            self._names = None
+            self._dirty = False
+
+    def _invalidate(self) -> None:
+        self._dirty = True
+
+    def _check(self) -> None:
+        """Drop the cache when a source changed (cheap: one version() per versioned source)."""
+        if self._pm.generation != self._generation:
+            self._refresh_sources()
+            return
+        changed = self._dirty
+        for version, last in self._versioned:
+            now = version()
+            if now != last[0]:
+                last[0] = now
+                changed = True
+        if changed:
+            with self._lock:
+                self._dirty = False
+                self._cache.clear()
+                self._names = None
+
+    # --- Mapping ---------------------------------------------------------------------------
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The policy called ``key`` (validated), or ``default`` when no source knows it."""
+        self._check()
+        found = self._cache.get(key, _MISSING)
+        if found is _MISSING:
+            found = self._lookup(key)
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[key] = found
+        return default if found is None else found
+
+    def __getitem__(self, key: str) -> Policy:
+        found = self.get(key)
+        if found is None:
+            raise KeyError(key)
+        assert isinstance(found, Policy)
+        return found
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        self._check()
+        names = self._names
+        if names is None:
+            seen: dict[str, None] = {}
+            for source in self._sources:
+                for name in source.list():
+                    seen.setdefault(name, None)
+            names = self._names = tuple(seen)
+        return iter(names)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"SourcePolicies(sources={[source_name(s) for s in self._sources]})"
+
+    @property
+    def sources(self) -> tuple[PolicySource, ...]:
+        """The policy sources, in precedence order."""
+        self._check()
+        return tuple(self._sources)
+
+    # --- lookup ----------------------------------------------------------------------------
+
+    def _lookup(self, name: str) -> Policy | None:
+        for source in self._sources:
+            try:
+                data = source.get(name)
+            except PolicyConfigError:
+                raise
+            except Exception as exc:
+                raise PolicyConfigError(
+                    f"policy source {source_name(source)!r} failed to read policy {name!r}: "
+                    f"{type(exc).__name__}: {exc}",
+                    field="policy",
+                    value=name,
+                    source=source_name(source),
+                ) from exc
+            if data is None:
+                continue
+            return self._validate(source, name, data)
+        return None
+
+    def _validate(self, source: object, name: str, data: object) -> Policy:
+        where = source_name(source)
+        try:
+            if isinstance(data, Policy):
+                check_families(data.name, data.accelerator_chain, self._registry)
+                return data
+            if not isinstance(data, Mapping):
+                raise PolicyConfigError(
+                    f"a policy must be a mapping of Policy fields or a zml.Policy, got "
+                    f"{type(data).__name__}",
+                    field="policy",
+                    value=data,
+                )
+            body = dict(data)
+            body.setdefault("name", name)
+            return policy_from_mapping(body, self._registry)
+        except PolicyConfigError as exc:
+            raise PolicyConfigError(
+                f"policy source {where!r}: {exc}",
+                field=exc.field,
+                value=exc.value,
+                suggestion=exc.suggestion,
+                source=where,
+            ) from None
