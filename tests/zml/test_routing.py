@@ -530,8 +530,11 @@ def test_ties_within_epsilon_only() -> None:
     assert {decision(policy, apart, seed=s).node.id for s in range(20)} == {"b"}
 
 
-def test_tie_window_follows_the_true_minimum() -> None:
-    policy = Policy(accelerator_chain=("H100",))
+@pytest.mark.parametrize("priority", ["cost", "latency", "balanced"])
+def test_tie_window_follows_the_true_minimum(
+    priority: typing.Literal["cost", "latency", "balanced"],
+) -> None:
+    policy = Policy(accelerator_chain=("H100",), cost_priority=priority, latency_target_ms=None)
     # "a" ties with "b", "b" ties with "c", but "a" is 1.6e-9 above "c": not a tie
     nodes = [
         Node("a", max_concurrency=8, load=0, ttft_ms=100.0 + 1.6e-9),

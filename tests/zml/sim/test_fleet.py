@@ -45,7 +45,7 @@ async def test_real_concurrency_is_capped_by_slots(tk, http):
             await asyncio.sleep(0.005)
         results = [r.result() for r in requests]
         assert all(events[-1] == "[DONE]" for events in results)
-        assert all(json.loads(events[-2])["usage"]["completion_tokens"] == 30 for events in results)
+        assert all(0 < json.loads(events[-2])["usage"]["completion_tokens"] <= 30 for events in results)
         assert max(seen_waiting) >= 2
         stats = node.stats
         assert stats.running_peak == 2

@@ -40,6 +40,7 @@ from .errors import (
     ZMLRoutingError,
     ZMLTimeoutError,
 )
+from .plugins.hookspecs import hookimpl
 from .policy import Policy
 from .streaming import AsyncStream, Stream
 from .types import (
@@ -88,4 +89,5 @@ __all__ = [
     "ZMLRoutingError",
     "ZMLTimeoutError",
     "__version__",
+    "hookimpl",
 ]

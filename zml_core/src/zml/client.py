@@ -22,13 +22,15 @@ from .config import EMPTY_REGISTRY, Registry, activate, discover_path, load_regi
 from .dispatch import MAX_ATTEMPTS, Call, Dispatcher, Step, Timeouts, Wait
 from .errors import InvalidRequestError, NodeError, NodeProtocolError
 from .fleet import Fleet, add_capacity_waiter, remove_capacity_waiter
-from .policy import Policy, PolicyRef, resolve_policy, validate_policy_tables
+from .policy import Policy, PolicyRef, resolve_policy
 from .streaming import AsyncStream, Stream
 from .transport import check_status, decode_completion, map_transport_error
 from .types import ChatCompletion, RoutingInfo
 
 if TYPE_CHECKING:
     from types import TracebackType
+
+    from .plugins.manager import PluginManager
 
 __all__ = ["NOT_GIVEN", "AsyncClient", "Client", "NotGiven"]
 
@@ -80,11 +82,19 @@ class _BaseClient:
                 param="max_attempts",
             )
         if isinstance(config, Registry):
-            registry = config
+            file_config = config
         else:
             path = discover_path(config)
-            registry = load_registry(path) if path is not None else EMPTY_REGISTRY
-        policies = validate_policy_tables(registry)
+            file_config = load_registry(path) if path is not None else EMPTY_REGISTRY
+        # Plugins load here, on first client use, never at ``import zml``.
+        from .plugins.fleet_sources import build_registry
+        from .plugins.manager import client_manager
+        from .plugins.observer import PluginObserver
+        from .plugins.policy_sources import SourcePolicies
+
+        self._plugins = client_manager()
+        registry = build_registry(self._plugins, file_config)
+        policies = SourcePolicies(self._plugins, registry)
         activate(registry)
         self._dispatcher = Dispatcher(
             registry,
@@ -93,6 +103,7 @@ class _BaseClient:
             timeouts=Timeouts.of(timeout),
             max_attempts=max_attempts,
         )
+        self._dispatcher.observer = PluginObserver(self._plugins)
 
     def __repr__(self) -> str:
         reg = self._dispatcher.registry
@@ -105,6 +116,17 @@ class _BaseClient:
     def registry(self) -> Registry:
         """The fleet registry this client routes over (families, nodes, policy tables)."""
         return self._dispatcher.registry
+
+    @property
+    def plugins(self) -> PluginManager:
+        """This client's plugin manager (pluggy): a copy of the process-wide plugins.
+
+        ``client.plugins.register(obj)`` adds an in-code plugin to this client only (its
+        telemetry, cost and policy-source hooks apply at once; fleet sources are read when a
+        client is built, so register those with ``zml.plugins.register`` beforehand).
+        ``client.plugins.unregister(name="zml.otel")`` removes one, here the built-in tracing.
+        """
+        return self._plugins
 
     @property
     def fleet(self) -> Fleet:

@@ -99,7 +99,7 @@ def chat_result(completion: zml.ChatCompletion) -> ChatResult:
         generations.append(
             ChatGeneration(message=ai, generation_info={"finish_reason": choice.finish_reason})
         )
-    llm_output: dict[str, Any] = {"model_name": completion.model, "id": completion.id}
+    llm_output: dict[str, Any] = {"model_name": completion.model}
     if completion.usage is not None:
         llm_output["token_usage"] = completion.usage.model_dump()
     return ChatResult(generations=generations, llm_output=llm_output)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..config import Registry
@@ -55,6 +55,18 @@ def collect_policy_sources(pm: PluginManager, registry: Registry) -> list[Policy
     return sources
 
 
+def _version(source: PolicySource) -> Hashable:
+    try:
+        token: Hashable = source.version()  # type: ignore[attr-defined]
+    except Exception as exc:
+        raise PolicyConfigError(
+            f"policy source {source_name(source)!r} is unavailable: {type(exc).__name__}: {exc}",
+            field="policy",
+            source=source_name(source),
+        ) from exc
+    return token
+
+
 class SourcePolicies(Mapping[str, Policy]):
     """``Mapping[str, Policy]`` over a client's policy sources (``Dispatcher.policies``).
 
@@ -72,17 +84,16 @@ class SourcePolicies(Mapping[str, Policy]):
         self._dirty = False
         self._generation = -1
         self._sources: list[PolicySource] = []
-        self._versioned: list[tuple[Callable[[], Hashable], list[Hashable]]] = []
+        self._versioned: list[tuple[PolicySource, list[Hashable]]] = []
         self._refresh_sources()
 
     def _refresh_sources(self) -> None:
         generation = self._pm.generation
         sources = collect_policy_sources(self._pm, self._registry)
-        versioned: list[tuple[Callable[[], Hashable], list[Hashable]]] = []
+        versioned: list[tuple[PolicySource, list[Hashable]]] = []
         for source in sources:
-            version = getattr(source, "version", None)
-            if callable(version):
-                versioned.append((version, [version()]))
+            if callable(getattr(source, "version", None)):
+                versioned.append((source, [_version(source)]))
             subscribe = getattr(source, "subscribe", None)
             if callable(subscribe) and not any(s is source for s in self._sources):
                 subscribe(self._invalidate)
@@ -103,8 +114,8 @@ class SourcePolicies(Mapping[str, Policy]):
             self._refresh_sources()
             return
         changed = self._dirty
-        for version, last in self._versioned:
-            now = version()
+        for source, last in self._versioned:
+            now = _version(source)
             if now != last[0]:
                 last[0] = now
                 changed = True

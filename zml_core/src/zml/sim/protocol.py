@@ -362,6 +362,9 @@ def completion_body(plan: Plan, completion_id: str, created: int) -> bytes:
     ).encode()
 
 
+_OPEN_TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'
+
+
 class ChunkEncoder:
     """Encodes the SSE events of one streamed reply; a chunk costs one small `json.dumps`."""
 
@@ -378,14 +381,17 @@ class ChunkEncoder:
 
     def delta(self, delta: Mapping[str, Any]) -> bytes:
         """One `chat.completion.chunk` event carrying `delta`."""
-        return self._head + json.dumps(delta).encode() + b',"logprobs":null,"finish_reason":null}]}\n\n'
+        return self._head + json.dumps(delta).encode() + _OPEN_TAIL
 
     def step(self, index: int) -> bytes:
         """The event of the index-th generated token (role chunk first when index is 0)."""
         plan = self._plan
         call = plan.tool_call
         if call is None:
-            event = self.delta({"content": plan.pieces[index]}) if index < len(plan.pieces) else b""
+            event = b""
+            if index < len(plan.pieces):
+                content = json.dumps(plan.pieces[index]).encode()
+                event = self._head + b'{"content":' + content + b"}" + _OPEN_TAIL
             if index == 0:
                 return self.delta({"role": "assistant", "content": ""}) + event
             return event

@@ -86,18 +86,14 @@ def count_prompt_tokens(messages: Iterable[Mapping[str, Any]], tools: Any = None
 
 def synth_tokens(rng: random.Random, n: int) -> list[str]:
     """`n` text tokens of sentence-like prose: capitalised sentences of 5-13 words."""
-    tokens: list[str] = []
-    sentence_left = 0
-    words = WORDS
-    for i in range(n):
-        word = words[rng.randrange(len(words))]
-        if sentence_left == 0:
-            word = word[:1].upper() + word[1:]
-            sentence_left = rng.randint(5, 13)
-        sentence_left -= 1
-        if sentence_left == 0 or i == n - 1:
-            word += "."
-        tokens.append(word if i == 0 else " " + word)
+    tokens = rng.choices(WORDS, k=n)
+    end = 0
+    while end < n:
+        tokens[end] = tokens[end][:1].upper() + tokens[end][1:]
+        end = min(end + rng.randint(5, 13), n)
+        tokens[end - 1] += "."
+    for i in range(1, n):
+        tokens[i] = " " + tokens[i]
     return tokens
 
 

@@ -296,6 +296,7 @@ def _family_events(span: Span, evaluated: Any) -> None:
 
 def _split_address(address: str) -> tuple[str, int | None]:
     """``host:port`` (or ``[v6]:port``) as (host, port)."""
+    address = address.split("/", 1)[0]
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or (host.startswith("[") != host.endswith("]")):
         return address, None
