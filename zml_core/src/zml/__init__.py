@@ -17,77 +17,92 @@ The public names are listed in ``__all__``; modules are importable but their oth
 not part of the stable API.
 """
 
-from .client import NOT_GIVEN, AsyncClient, Client, NotGiven
-from .config import Registry
-from .dispatch import Timeouts
-from .errors import (
-    AuthenticationError,
-    BadRequestError,
-    IncompleteStreamError,
-    InternalServerError,
-    InvalidRequestError,
-    NodeConnectionError,
-    NodeError,
-    NodeProtocolError,
-    NodeStatusError,
-    NodeTimeoutError,
-    NodeUnavailableError,
-    NotFoundError,
-    PolicyConfigError,
-    RateLimitError,
-    RoutingError,
-    ZMLError,
-    ZMLRoutingError,
-    ZMLTimeoutError,
-)
-from .plugins.hookspecs import hookimpl
-from .policy import Policy
-from .streaming import AsyncStream, Stream
-from .types import (
-    Attempt,
-    ChatCompletion,
-    ChatCompletionChunk,
-    Cost,
-    RoutingInfo,
-    Usage,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.3.0"
 
-__all__ = [
-    "NOT_GIVEN",
-    "AsyncClient",
-    "AsyncStream",
-    "Attempt",
-    "AuthenticationError",
-    "BadRequestError",
-    "ChatCompletion",
-    "ChatCompletionChunk",
-    "Client",
-    "Cost",
-    "IncompleteStreamError",
-    "InternalServerError",
-    "InvalidRequestError",
-    "NodeConnectionError",
-    "NodeError",
-    "NodeProtocolError",
-    "NodeStatusError",
-    "NodeTimeoutError",
-    "NodeUnavailableError",
-    "NotFoundError",
-    "NotGiven",
-    "Policy",
-    "PolicyConfigError",
-    "RateLimitError",
-    "Registry",
-    "RoutingError",
-    "RoutingInfo",
-    "Stream",
-    "Timeouts",
-    "Usage",
-    "ZMLError",
-    "ZMLRoutingError",
-    "ZMLTimeoutError",
-    "__version__",
-    "hookimpl",
-]
+# Public name -> the module that defines it. Names load on first access (PEP 562), so that
+# `import zml` stays cheap: no pydantic models, HTTP stack or plugins until they are used.
+_EXPORTS: dict[str, str] = {
+    "NOT_GIVEN": "client",
+    "AsyncClient": "client",
+    "Client": "client",
+    "NotGiven": "client",
+    "Registry": "config",
+    "Timeouts": "dispatch",
+    "Policy": "policy",
+    "AsyncStream": "streaming",
+    "Stream": "streaming",
+    "Attempt": "types",
+    "ChatCompletion": "types",
+    "ChatCompletionChunk": "types",
+    "Cost": "types",
+    "RoutingInfo": "types",
+    "Usage": "types",
+    "hookimpl": "plugins.hookspecs",
+    **{
+        name: "errors"
+        for name in (
+            "AuthenticationError", "BadRequestError", "IncompleteStreamError",
+            "InternalServerError", "InvalidRequestError", "NodeConnectionError", "NodeError",
+            "NodeProtocolError", "NodeStatusError", "NodeTimeoutError", "NodeUnavailableError",
+            "NotFoundError", "PolicyConfigError", "RateLimitError", "RoutingError", "ZMLError",
+            "ZMLRoutingError", "ZMLTimeoutError",
+        )
+    },
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'zml' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"zml.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from .client import NOT_GIVEN, AsyncClient, Client, NotGiven
+    from .config import Registry
+    from .dispatch import Timeouts
+    from .errors import (
+        AuthenticationError,
+        BadRequestError,
+        IncompleteStreamError,
+        InternalServerError,
+        InvalidRequestError,
+        NodeConnectionError,
+        NodeError,
+        NodeProtocolError,
+        NodeStatusError,
+        NodeTimeoutError,
+        NodeUnavailableError,
+        NotFoundError,
+        PolicyConfigError,
+        RateLimitError,
+        RoutingError,
+        ZMLError,
+        ZMLRoutingError,
+        ZMLTimeoutError,
+    )
+    from .plugins.hookspecs import hookimpl
+    from .policy import Policy
+    from .streaming import AsyncStream, Stream
+    from .types import (
+        Attempt,
+        ChatCompletion,
+        ChatCompletionChunk,
+        Cost,
+        RoutingInfo,
+        Usage,
+    )

@@ -66,7 +66,7 @@ ENV_CONFIG = "ZML_CONFIG"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class AcceleratorConfig(_Strict):

@@ -55,7 +55,7 @@ class Policy(BaseModel):
         PolicyConfigError: at construction, for any invalid field or unregistered family.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     name: str = Field(min_length=1)
     accelerator_chain: tuple[str, ...] = Field(min_length=1)

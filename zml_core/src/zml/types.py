@@ -30,13 +30,17 @@ __all__ = [
 ]
 
 
+class _Model(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
+
 class _Open(BaseModel):
     """Node responses may carry more fields than we name; keep them (as openai-python does)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
 
-class Cost(BaseModel):
+class Cost(_Model):
     """What a request cost, from the cost-attribution hook."""
 
     amount: float
@@ -46,7 +50,7 @@ class Cost(BaseModel):
     """How it was computed, e.g. ``"node_seconds"`` or ``"tokens"``."""
 
 
-class Attempt(BaseModel):
+class Attempt(_Model):
     """One failed attempt before the one that served the request (see ``RoutingInfo.attempts``)."""
 
     node_id: str
@@ -57,7 +61,7 @@ class Attempt(BaseModel):
     message: str = ""
 
 
-class RoutingInfo(BaseModel):
+class RoutingInfo(_Model):
     """Where a request went and why; set on every response, chunk and node error.
 
     Attributes:

@@ -11,9 +11,12 @@ Reply rules (deterministic for a given model, messages and `seed`):
   message is from the user;
 - else `response_format` json_object / json_schema gives JSON content (json_object: an object
   with "answer" and "confidence");
-- else prose of 16-48 words, sized by the request's own seed.
-`max_tokens` (or `max_completion_tokens`) then cuts content (finish_reason "length") and the
-first `stop` sequence truncates it (finish_reason "stop"); tool calls are never cut.
+- else prose of 16-48 words, sized by the request's own seed (at least vLLM's `min_tokens`).
+`max_tokens` (or `max_completion_tokens`) caps the content, like a real model that may stop
+earlier (finish_reason "length" when it cuts); with vLLM's `ignore_eos: true` the prose runs to
+exactly `max_tokens` (finish_reason "length"), which benchmarks and demos use for fixed-size or
+long streams. The first `stop` sequence then truncates the content (finish_reason "stop").
+Tool calls are never cut.
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     max_tokens: int | None
+    min_tokens: int
+    ignore_eos: bool
     stop: tuple[str, ...]
     seed: int
     tools: list[dict[str, Any]]
@@ -178,6 +183,10 @@ def parse_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
     max_tokens = _int_or_none(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _int_or_none(body, "max_tokens", 1)
+    min_tokens = _int_or_none(body, "min_tokens", 0) or 0
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise _bad("ignore_eos must be a boolean", "ignore_eos")
     seed = _int_or_none(body, "seed", -(2**63)) or 0
     stop_raw = body.get("stop")
     if stop_raw is None:
@@ -197,6 +206,8 @@ def parse_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
         stream=stream,
         include_usage=include_usage,
         max_tokens=max_tokens,
+        min_tokens=min_tokens,
+        ignore_eos=ignore_eos,
         stop=stop,
         seed=seed,
         tools=tools,
@@ -306,13 +317,16 @@ def plan_reply(request: ChatRequest) -> Plan:
         arguments = "{}" if params is None or params is True or params == {} else _structured(params, rng)
         call = ToolCall(f"call_{rng.getrandbits(96):024x}", function["name"], arguments)
         return Plan(request.model, prompt_tokens, json_pieces(arguments), call, "tool_calls")
+    cap = request.max_tokens
     if request.response_format is not None:
         pieces = json_pieces(_structured(request.response_format, rng))
+    elif request.ignore_eos and cap is not None:
+        pieces = synth_tokens(rng, cap + 1)
     else:
-        pieces = synth_tokens(rng, rng.randint(16, 48))
+        pieces = synth_tokens(rng, max(rng.randint(16, 48), request.min_tokens))
     finish = "stop"
-    if request.max_tokens is not None and len(pieces) > request.max_tokens:
-        pieces = pieces[: request.max_tokens]
+    if cap is not None and len(pieces) > cap:
+        pieces = pieces[:cap]
         finish = "length"
     if request.stop:
         pieces, cut = _apply_stop(pieces, request.stop)

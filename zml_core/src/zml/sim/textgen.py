@@ -85,16 +85,21 @@ def count_prompt_tokens(messages: Iterable[Mapping[str, Any]], tools: Any = None
 
 
 def synth_tokens(rng: random.Random, n: int) -> list[str]:
-    """`n` text tokens of sentence-like prose: capitalised sentences of 5-13 words."""
-    tokens = rng.choices(WORDS, k=n)
-    end = 0
-    while end < n:
-        tokens[end] = tokens[end][:1].upper() + tokens[end][1:]
-        end = min(end + rng.randint(5, 13), n)
-        tokens[end - 1] += "."
-    for i in range(1, n):
-        tokens[i] = " " + tokens[i]
-    return tokens
+    """`n` text tokens of prose: capitalised sentences of 5-13 words, the last one closed.
+
+    Drawn a sentence at a time, so a shorter reply is a prefix of a longer one (up to the
+    closing period).
+    """
+    tokens: list[str] = []
+    while len(tokens) < n:
+        sentence = rng.choices(WORDS, k=rng.randint(5, 13))
+        sentence[0] = sentence[0][:1].upper() + sentence[0][1:]
+        sentence[-1] += "."
+        tokens += sentence
+    del tokens[n:]
+    if tokens and not tokens[-1].endswith("."):
+        tokens[-1] += "."
+    return [tokens[0], *(" " + t for t in tokens[1:])] if tokens else tokens
 
 
 def json_pieces(text: str) -> list[str]:
