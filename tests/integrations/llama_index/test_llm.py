@@ -107,9 +107,9 @@ def test_stream_stopped_early_releases_the_request(llm: ZML) -> None:
     stream = llm.stream_chat(chat_messages())
     next(stream)
     fleet = llm._get_client().fleet
-    assert fleet.in_flight() == 1
+    assert fleet.in_flight == 1
     stream.close()  # closes the zml stream, and with it the connection to the node
-    assert fleet.in_flight() == 0
+    assert fleet.in_flight == 0
 
 
 async def test_achat(allm: ZML) -> None:

@@ -100,6 +100,27 @@ async def test_max_tokens_larger_than_reply_is_a_normal_stop(make_node, client_f
     assert r["usage"]["completion_tokens"] <= 48
 
 
+async def test_ignore_eos_runs_to_max_tokens(make_node, client_for, chat, stream, tk):
+    client = client_for(make_node())
+    r = (await chat(client, max_tokens=120, ignore_eos=True)).json()
+    assert r["choices"][0]["finish_reason"] == "length"
+    assert r["usage"]["completion_tokens"] == 120
+    assert len(r["choices"][0]["message"]["content"].split(" ")) == 120
+    chunks = tk.chunks(await stream(client, max_tokens=32, ignore_eos=True))
+    assert len([c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]) == 32
+    # without a cap, ignore_eos keeps the natural length
+    r = (await chat(client, ignore_eos=True)).json()
+    assert r["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_min_tokens_lengthens_the_reply(make_node, client_for, chat):
+    client = client_for(make_node())
+    r = (await chat(client, min_tokens=100)).json()
+    assert r["choices"][0]["finish_reason"] == "stop"
+    assert r["usage"]["completion_tokens"] == 100
+    assert r["choices"][0]["message"]["content"].endswith(".")
+
+
 async def test_stop_sequence_truncates(make_node, client_for, chat, stream, tk):
     client = client_for(make_node())
     full = (await chat(client)).json()["choices"][0]["message"]["content"]
@@ -183,6 +204,8 @@ async def test_unknown_model_is_404_with_openai_error(make_node, client_for, cha
         {"tools": [{"type": "function"}]},
         {"tool_choice": {"type": "function", "function": {"name": "missing"}}},
         {"response_format": {"type": "xml"}},
+        {"ignore_eos": "yes"},
+        {"min_tokens": -1},
         {"model": None},
     ],
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -23,6 +24,7 @@ from .dispatch import MAX_ATTEMPTS, Call, Dispatcher, Step, Timeouts, Wait
 from .errors import InvalidRequestError, NodeError, NodeProtocolError
 from .fleet import Fleet, add_capacity_waiter, remove_capacity_waiter
 from .policy import Policy, PolicyRef, resolve_policy
+from .probe import Prober
 from .streaming import AsyncStream, Stream
 from .transport import check_status, decode_completion, map_transport_error
 from .types import ChatCompletion, RoutingInfo
@@ -221,6 +223,27 @@ class Client(_BaseClient):
         super().__init__(api_key, config, timeout, max_attempts)
         self._own_http = http_client is None
         self._http = http_client or httpx2.Client(limits=_LIMITS)
+        self._probe_stop: threading.Event | None = None
+
+    def start_probing(self, interval_s: float = 2.0) -> None:
+        """Probe every node's ``/health`` and ``/metrics`` every ``interval_s`` seconds from a
+        daemon thread, so node-reported load and liveness feed routing (``AsyncClient`` does
+        this by default). Stopped by ``close()``."""
+        if self._probe_stop is not None:
+            return
+        stop = self._probe_stop = threading.Event()
+        prober = Prober(self.fleet, interval_s)
+
+        def run() -> None:
+            with httpx2.Client() as http:
+                while not stop.is_set():
+                    try:
+                        prober.probe_all(http)
+                    except Exception as exc:  # one bad answer must not end the probing
+                        logging.getLogger("zml.probe").warning("zml prober: %s", exc)
+                    stop.wait(interval_s)
+
+        threading.Thread(target=run, name="zml-prober", daemon=True).start()
 
     def infer(
         self,
@@ -315,7 +338,10 @@ class Client(_BaseClient):
             remove_capacity_waiter(event.set)
 
     def close(self) -> None:
-        """Close the connections this client opened (not those of a passed ``http_client``)."""
+        """Close the connections this client opened (not those of a passed ``http_client``)
+        and stop probing."""
+        if self._probe_stop is not None:
+            self._probe_stop.set()
         if self._own_http:
             self._http.close()
 
@@ -333,7 +359,12 @@ class AsyncClient(_BaseClient):
     Use it as ``async with zml.AsyncClient(...) as client`` so its connections are closed.
     Cancelling a task that awaits ``infer`` (or iterates ``infer_stream``) closes the
     connection, and the node drops the request. Arguments as for :class:`Client`, with an
-    ``httpx2.AsyncClient`` for ``http_client``.
+    ``httpx2.AsyncClient`` for ``http_client``, and:
+
+    Args:
+        probe_interval_s: from the first request on, probe every node's ``/health`` and
+            ``/metrics`` this often, so that load reported by the nodes (from every client)
+            and liveness feed routing. None: no probing (client-side accounting only).
     """
 
     def __init__(
@@ -344,10 +375,16 @@ class AsyncClient(_BaseClient):
         timeout: float | Timeouts | None = DEFAULT_TIMEOUT,
         max_attempts: int = MAX_ATTEMPTS,
         http_client: httpx2.AsyncClient | None = None,
+        probe_interval_s: float | None = 2.0,
     ) -> None:
         super().__init__(api_key, config, timeout, max_attempts)
         self._own_http = http_client is None
         self._http = http_client or httpx2.AsyncClient(limits=_LIMITS)
+        self._prober = None if probe_interval_s is None else Prober(self.fleet, probe_interval_s)
+
+    def _start_probing(self) -> None:
+        if self._prober is not None:
+            self._prober.start(self._http)
 
     async def infer(
         self,
@@ -362,6 +399,7 @@ class AsyncClient(_BaseClient):
     ) -> ChatCompletion:
         """Send a chat completion to the node the policy picks; see :meth:`Client.infer`."""
         call = self._call(model, messages, policy, accelerator, params, False, metadata, timeout)
+        self._start_probing()
         try:
             while True:
                 step = call.next()
@@ -398,7 +436,7 @@ class AsyncClient(_BaseClient):
         ``async with``). See :meth:`Client.infer_stream`.
         """
         call = self._call(model, messages, policy, accelerator, params, True, metadata, timeout)
-        return AsyncStream(call, self._http, self._wait)
+        return AsyncStream(call, self._http, self._wait, self._start_probing)
 
     async def _post(self, call: Call, step: Step) -> dict[str, Any]:
         try:
@@ -431,7 +469,10 @@ class AsyncClient(_BaseClient):
             remove_capacity_waiter(wake)
 
     async def aclose(self) -> None:
-        """Close the connections this client opened (not those of a passed ``http_client``)."""
+        """Stop probing; close the connections this client opened (not a passed
+        ``http_client``'s)."""
+        if self._prober is not None:
+            await self._prober.stop()
         if self._own_http:
             await self._http.aclose()
 

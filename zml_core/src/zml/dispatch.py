@@ -47,7 +47,7 @@ from .errors import (
 )
 from .fleet import STATE_LOCK, Fleet, NodeState, Reservation, notify_capacity
 from .policy import Policy
-from .transport import auth_headers, completion_url, encode_body
+from .transport import StreamDecoder, auth_headers, completion_url, encode_body
 from .types import Attempt, Cost, RoutingInfo
 
 __all__ = [
@@ -519,6 +519,15 @@ class Call:
                 f"{len(self.attempts)} failed attempt(s)",
                 routing=self.current.routing if self.current else None,
             )
+
+    def deadline_error(self, decoder: StreamDecoder) -> ZMLTimeoutError:
+        """The error for a stream whose overall deadline expired mid-stream."""
+        return ZMLTimeoutError(
+            f"request deadline of {self.timeouts.total}s expired mid-stream after "
+            f"{decoder.chunks} chunks; the answer is incomplete",
+            routing=self.current.routing if self.current else None,
+            text=decoder.text,
+        )
 
     # --- outcomes --------------------------------------------------------------------------
 

@@ -137,11 +137,19 @@ def _routing_message(context: dict[str, Any]) -> str:
 
 
 class ZMLTimeoutError(ZMLError, TimeoutError):
-    """The request's overall deadline expired (while queued, in an attempt, or mid-stream)."""
+    """The request's overall deadline expired (while queued, in an attempt, or mid-stream).
 
-    def __init__(self, message: str, *, routing: RoutingInfo | None = None) -> None:
+    Attributes:
+        routing: where the request was when time ran out, if it had been dispatched.
+        text: for a stream, the content received before the deadline.
+    """
+
+    def __init__(
+        self, message: str, *, routing: RoutingInfo | None = None, text: str = ""
+    ) -> None:
         super().__init__(message)
         self.routing = routing
+        self.text = text
 
 
 class NodeError(ZMLError):

@@ -70,6 +70,7 @@ class NodeState:
         "max_queue",
         "models",
         "open_until",
+        "reported_at",
         "reported_load",
         "service_ms",
         "trial_in_flight",
@@ -88,6 +89,7 @@ class NodeState:
         self.max_queue = config.max_queue
         self.in_flight = 0
         self.reported_load: int | None = None
+        self.reported_at = 0.0
         self.load = 0
         self.health = 1.0
         self.health_at = 0.0
@@ -282,6 +284,9 @@ class Fleet:
             reservation.released = True
             node = reservation.node
             node.in_flight -= 1
+            if node.reported_load and reservation.taken_at <= node.reported_at:
+                # The node's last report counted this request; it is gone now.
+                node.reported_load -= 1
             node._update_load()
             if reservation.trial:
                 node.trial_in_flight = False
@@ -319,6 +324,7 @@ class Fleet:
         """An active probe's result: liveness feeds health; reported load merges into ``load``."""
         with STATE_LOCK:
             node.reported_load = reported_load
+            node.reported_at = now
             node._update_load()
             if healthy:
                 node.health += HEALTH_ALPHA * (1.0 - node.health)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx2
 
 from .dispatch import Call, Step, Wait
-from .errors import NodeConnectionError, NodeError
+from .errors import NodeConnectionError, NodeError, ZMLTimeoutError
 from .transport import StreamDecoder, aiter_events, check_status, iter_events, stream_error
 from .types import ChatCompletionChunk, RoutingInfo, Usage, build_chunk
 
@@ -44,6 +44,9 @@ class _StreamState:
         self.usage: Usage | None = None
 
     def chunk(self, data: dict[str, Any]) -> ChatCompletionChunk:
+        deadline = self.call.deadline
+        if deadline is not None and self.call.d.clock() > deadline:
+            raise self.call.deadline_error(self.decoder)
         chunk = build_chunk(data, self.step.routing)
         if chunk.usage is not None:
             self.usage = chunk.usage
@@ -107,7 +110,10 @@ class Stream(_StreamInfo):
                     yield state.chunk(chunk)
             state.finished()
         except httpx2.HTTPError as exc:
-            raise state.call.broke(state.step, stream_error(exc, decoder)) from exc
+            err = _mid_stream_error(state, exc)
+            if isinstance(err, NodeError):
+                err = state.call.broke(state.step, err)
+            raise err from exc
         except NodeError as exc:
             raise state.call.broke(state.step, exc) from None
         finally:
@@ -140,16 +146,19 @@ class AsyncStream(_StreamInfo):
     """
 
     def __init__(self, call: Call, http: httpx2.AsyncClient,
-                 wait: Callable[[Wait], Any]) -> None:
+                 wait: Callable[[Wait], Any], on_start: Callable[[], None] | None = None) -> None:
         self._call = call
         self._http = http
         self._wait = wait
+        self._on_start = on_start
         self._state = None
         self._started = False
 
     async def _ensure_open(self) -> _StreamState | None:
         if not self._started:
             self._started = True
+            if self._on_start is not None:
+                self._on_start()
             self._state = await _open_async(self._call, self._http, self._wait)
         return self._state
 
@@ -173,7 +182,10 @@ class AsyncStream(_StreamInfo):
                     yield state.chunk(chunk)
             state.finished()
         except httpx2.HTTPError as exc:
-            raise state.call.broke(state.step, stream_error(exc, decoder)) from exc
+            err = _mid_stream_error(state, exc)
+            if isinstance(err, NodeError):
+                err = state.call.broke(state.step, err)
+            raise err from exc
         except NodeError as exc:
             raise state.call.broke(state.step, exc) from None
         finally:
@@ -240,6 +252,14 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]) ->
     except BaseException as exc:
         call.ended(exc)
         raise
+
+
+def _mid_stream_error(state: _StreamState, exc: httpx2.HTTPError) -> NodeError | ZMLTimeoutError:
+    deadline = state.call.deadline
+    if isinstance(exc, httpx2.TimeoutException) and deadline is not None \
+            and state.call.d.clock() >= deadline:
+        return state.call.deadline_error(state.decoder)
+    return stream_error(exc, state.decoder)
 
 
 def _no_events(data: str | None, step: Step) -> str:

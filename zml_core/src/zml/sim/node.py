@@ -160,7 +160,10 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 async def _watch(receive: Receive, task: asyncio.Task[Any], guard: _Guard) -> None:
     while True:
-        message = await receive()
+        try:
+            message = await receive()
+        except Exception:  # a server that fails receive() has lost the connection
+            message = {"type": "http.disconnect"}
         if message["type"] == "http.disconnect":
             if guard.active:
                 guard.fired = True
