@@ -662,6 +662,17 @@ def test_no_policy_ties_across_families_are_deterministic() -> None:
     assert len({decision(None, fleet, seed=s).node.id for s in range(60)}) == 4
 
 
+def test_no_policy_tie_window_follows_the_true_minimum() -> None:
+    big = 10**10
+    nodes = [
+        Node("a", max_concurrency=big, load=5_000_000_016),  # 0.5 + 1.6e-9: not a tie of c
+        Node("b", max_concurrency=big, load=5_000_000_008),  # 0.5 + 0.8e-9
+        Node("c", max_concurrency=2, load=1),  # 0.5
+    ]
+    # ties {b, c}; two choices over them always keeps c, the lower ratio
+    assert {decision(None, Fleet(nodes), seed=s).node.id for s in range(40)} == {"c"}
+
+
 def test_no_policy_prediction_is_reported() -> None:
     fleet = Fleet(
         [Node("h1", max_concurrency=2, load=3, max_queue=4, ttft_ms=100.0, service_ms=400.0)]

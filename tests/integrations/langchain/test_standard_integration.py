@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_tests.integration_tests import ChatModelIntegrationTests
-
 from langchain_zml import ChatZML
 
 from .conftest import MODEL, OTHER_MODEL, POLICY

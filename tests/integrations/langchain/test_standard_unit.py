@@ -7,9 +7,8 @@ from typing import Any
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_tests.unit_tests import ChatModelUnitTests
-from syrupy.assertion import SnapshotAssertion
-
 from langchain_zml import ChatZML
+from syrupy.assertion import SnapshotAssertion
 
 MODEL = "meta-llama/llama-3-8b-instruct"
 

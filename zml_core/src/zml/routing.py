@@ -336,18 +336,6 @@ class NoRoute:
 # per-family scans (the hot loops)
 
 
-class _Rejections:
-    """Node ids rejected for health / circuit across the families evaluated (for the hint)."""
-
-    __slots__ = ("circuit_ids", "circuit_total", "health_ids", "health_total")
-
-    def __init__(self) -> None:
-        self.health_ids: list[str] = []
-        self.circuit_ids: list[str] = []
-        self.health_total = 0
-        self.circuit_total = 0
-
-
 def _family_reason(n_over: int, n_lat: int, n_circ: int, n_health: int, n_excl: int) -> str:
     # Most frequent reason; ties go to the earlier one in this order.
     reason = _OVER
@@ -391,7 +379,6 @@ def _scan_nearest(
     threshold: float,
     limit: float,
     exclude: AbstractSet[str],
-    rej: _Rejections,
 ) -> tuple[list[NodeView], str]:
     """Scan a family for its viable nodes of lowest predicted TTFT: (ties, family reason).
 
@@ -408,7 +395,7 @@ def _scan_nearest(
         pred = node.ttft_ms
         if pred is None:
             pred = PRIOR_TTFT_MS
-        if load >= mc:
+        if load >= mc and pred <= hi:
             if mc > 0:
                 service = node.service_ms
                 if service is None:
@@ -423,13 +410,9 @@ def _scan_nearest(
             continue
         if not node.circuit_allows(now):
             n_circ += 1
-            if len(rej.circuit_ids) < MAX_IDS_IN_RECOMMENDATION:
-                rej.circuit_ids.append(node.id)
             continue
         if node.health < threshold:
             n_health += 1
-            if len(rej.health_ids) < MAX_IDS_IN_RECOMMENDATION:
-                rej.health_ids.append(node.id)
             continue
         if mc <= 0 or load >= mc + node.max_queue:
             n_over += 1
@@ -449,8 +432,6 @@ def _scan_nearest(
                 lo = pred - TIE_MS
                 hi = pred + TIE_MS
                 drift = True
-    rej.circuit_total += n_circ
-    rej.health_total += n_health
     if drift:
         ties = [n for n in ties if _predict(n) <= hi]
     if ties:
@@ -466,7 +447,6 @@ def _scan_nearest_with_utilisation(
     threshold: float,
     limit: float,
     exclude: AbstractSet[str],
-    rej: _Rejections,
 ) -> tuple[list[NodeView], float, str]:
     """As ``_scan_nearest``, also measuring the family's utilisation: (ties, U, reason)."""
     has_exclude = bool(exclude)
@@ -482,13 +462,9 @@ def _scan_nearest_with_utilisation(
             continue
         if not node.circuit_allows(now):
             n_circ += 1
-            if len(rej.circuit_ids) < MAX_IDS_IN_RECOMMENDATION:
-                rej.circuit_ids.append(node.id)
             continue
         if node.health < threshold:
             n_health += 1
-            if len(rej.health_ids) < MAX_IDS_IN_RECOMMENDATION:
-                rej.health_ids.append(node.id)
             continue
         load = node.load
         mc = node.max_concurrency
@@ -500,6 +476,8 @@ def _scan_nearest_with_utilisation(
         if load >= mc:
             if mc <= 0 or load >= mc + node.max_queue:
                 n_over += 1
+                continue
+            if pred > hi:  # the TTFT alone already loses
                 continue
             service = node.service_ms
             if service is None:
@@ -522,8 +500,6 @@ def _scan_nearest_with_utilisation(
                 lo = pred - TIE_MS
                 hi = pred + TIE_MS
                 drift = True
-    rej.circuit_total += n_circ
-    rej.health_total += n_health
     if drift:
         ties = [n for n in ties if _predict(n) <= hi]
     if ties:
@@ -538,7 +514,6 @@ def _scan_least_loaded(
     now: float,
     threshold: float,
     exclude: AbstractSet[str],
-    rej: _Rejections,
 ) -> tuple[list[NodeView], float, str]:
     """Scan a family for its least loaded viable nodes (no policy): (ties, their ratio, reason)."""
     has_exclude = bool(exclude)
@@ -557,13 +532,9 @@ def _scan_least_loaded(
             continue
         if not node.circuit_allows(now):
             n_circ += 1
-            if len(rej.circuit_ids) < MAX_IDS_IN_RECOMMENDATION:
-                rej.circuit_ids.append(node.id)
             continue
         if node.health < threshold:
             n_health += 1
-            if len(rej.health_ids) < MAX_IDS_IN_RECOMMENDATION:
-                rej.health_ids.append(node.id)
             continue
         if mc <= 0 or load >= mc + node.max_queue:
             n_over += 1
@@ -580,8 +551,6 @@ def _scan_least_loaded(
                 lo = ratio - TIE_MS
                 hi = ratio + TIE_MS
                 drift = True
-    rej.circuit_total += n_circ
-    rej.health_total += n_health
     if drift:
         ties = [n for n in ties if n.load / n.max_concurrency <= hi]
     if ties:
@@ -633,19 +602,42 @@ def _ids(ids: list[str], total: int) -> str:
 
 
 def _recommend(
-    model: str, evaluated: Sequence[FamilyEvaluation], rej: _Rejections, scope: str
+    model: str,
+    evaluated: Sequence[FamilyEvaluation],
+    fleet: FleetView,
+    now: float,
+    threshold: float,
+    exclude: AbstractSet[str],
+    scope: str,
 ) -> str:
     reasons = {e.rejected_reason for e in evaluated}
     if _OVER in reasons:
         return "increase fleet capacity or enable queue_on_saturation"
     hints: list[str] = []
-    if _HEALTH in reasons:
-        hints.append(f"check the health of nodes {_ids(rej.health_ids, rej.health_total)}")
-    if _CIRCUIT in reasons:
-        hints.append(
-            f"nodes {_ids(rej.circuit_ids, rej.circuit_total)} are failing; "
-            "check them or wait for the circuit breaker to close"
-        )
+    if _HEALTH in reasons or _CIRCUIT in reasons:
+        # Not on the hot path: walk the evaluated families again for the node ids.
+        health: list[str] = []
+        circuit: list[str] = []
+        n_health = n_circuit = 0
+        for e in evaluated:
+            for node in fleet.nodes_for(model, e.family):
+                if node.id in exclude:
+                    continue
+                if not node.circuit_allows(now):
+                    n_circuit += 1
+                    if len(circuit) < MAX_IDS_IN_RECOMMENDATION:
+                        circuit.append(node.id)
+                elif node.health < threshold:
+                    n_health += 1
+                    if len(health) < MAX_IDS_IN_RECOMMENDATION:
+                        health.append(node.id)
+        if _HEALTH in reasons:
+            hints.append(f"check the health of nodes {_ids(health, n_health)}")
+        if _CIRCUIT in reasons:
+            hints.append(
+                f"nodes {_ids(circuit, n_circuit)} are failing; "
+                "check them or wait for the circuit breaker to close"
+            )
     if _LATENCY in reasons:
         hints.append("raise latency_target_ms or add capacity to the chain's families")
     if _NO_NODES in reasons or not evaluated:
@@ -703,7 +695,6 @@ def route(
     else:
         limit = float(target)
     threshold = policy.health_threshold
-    rej = _Rejections()
     evaluated: list[FamilyEvaluation] = []
     fallback: tuple[int, str, int, list[NodeView]] | None = None
     last = len(chain) - 1
@@ -711,10 +702,10 @@ def route(
     for i, family in enumerate(chain):
         nodes = fleet.nodes_for(model, family)
         if mode == "cost":
-            ties, reason = _scan_nearest(nodes, now, threshold, limit, exclude, rej)
+            ties, reason = _scan_nearest(nodes, now, threshold, limit, exclude)
         else:
             ties, util, reason = _scan_nearest_with_utilisation(
-                nodes, now, threshold, limit, exclude, rej
+                nodes, now, threshold, limit, exclude
             )
         if not ties:
             evaluated.append(FamilyEvaluation(family, len(nodes), reason))
@@ -743,7 +734,7 @@ def route(
         policy.name,
         tuple(evaluated),
         NO_VIABLE_NODE,
-        _recommend(model, evaluated, rej, "the chain's families"),
+        _recommend(model, evaluated, fleet, now, threshold, exclude, "the chain's families"),
     )
 
 
@@ -757,12 +748,11 @@ def _route_without_policy(
     threshold: float,
 ) -> Decision | NoRoute:
     families: Sequence[str] = (pinned_family,) if pinned_family is not None else fleet.families()
-    rej = _Rejections()
     scans: list[tuple[str, int, list[NodeView], float, str]] = []
     best = _INF
     for family in families:
         nodes = fleet.nodes_for(model, family)
-        ties, ratio, reason = _scan_least_loaded(nodes, now, threshold, exclude, rej)
+        ties, ratio, reason = _scan_least_loaded(nodes, now, threshold, exclude)
         scans.append((family, len(nodes), ties, ratio, reason))
         if ratio < best:
             best = ratio
@@ -773,7 +763,7 @@ def _route_without_policy(
             None,
             evaluated,
             NO_VIABLE_NODE,
-            _recommend(model, evaluated, rej, "the fleet's families"),
+            _recommend(model, evaluated, fleet, now, threshold, exclude, "the fleet's families"),
         )
 
     hi = best + TIE_MS

@@ -51,9 +51,7 @@ def tool_choice_param(choice: Any, tools: Sequence[Mapping[str, Any]]) -> Any:
     if isinstance(choice, str):
         names = [t["function"]["name"] for t in tools]
         if choice not in names:
-            raise ValueError(
-                f"tool_choice={choice!r} names no bound tool; the tools are {names}"
-            )
+            raise ValueError(f"tool_choice={choice!r} names no bound tool; the tools are {names}")
         return {"type": "function", "function": {"name": choice}}
     if isinstance(choice, Mapping):
         return dict(choice)
@@ -129,6 +127,4 @@ def with_parser(
         parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
     )
     failed = RunnablePassthrough.assign(parsed=lambda _: None)
-    return RunnableMap(raw=llm) | parsed.with_fallbacks(
-        [failed], exception_key="parsing_error"
-    )
+    return RunnableMap(raw=llm) | parsed.with_fallbacks([failed], exception_key="parsing_error")

@@ -254,7 +254,10 @@ class ChatZML(BaseChatModel):
         call.pop("stream", None)
         stream_usage = call.pop("stream_usage", self.stream_usage)
         if any(k in call for k in _ROUTING_KWARGS):
-            routing = {"policy": call.pop("policy", None), "accelerator": call.pop("accelerator", None)}
+            routing = {
+                "policy": call.pop("policy", None),
+                "accelerator": call.pop("accelerator", None),
+            }
         else:
             routing = {"policy": self.policy, "accelerator": self.accelerator}
         model = call.pop("model", None) or self.model

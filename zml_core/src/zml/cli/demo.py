@@ -126,8 +126,10 @@ async def _saturate(config: Path, records: list[tuple[str, RoutingInfo]],
         streams = []
         try:
             for i in range(slots):
+                # ignore_eos (as vLLM has it): generate all max_tokens, so the stream is still
+                # generating when it is cancelled below
                 stream = client.infer_stream(DEMO_MODEL, _messages(100 + i), policy=POLICY,
-                                             max_tokens=2000)
+                                             max_tokens=2000, extra_body={"ignore_eos": True})
                 iterator = stream.__aiter__()
                 await iterator.__anext__()  # dispatched, first token received: slot held
                 streams.append((stream, iterator))

@@ -1,0 +1,113 @@
+"""The ``zml`` command line, run as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from zml.cli import main
+from zml.cli.demo import demo_config
+
+
+def _zml(*args: str, cwd: Path | None = None,
+         timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZML_")}
+    env["COLUMNS"] = "200"
+    return subprocess.run([sys.executable, "-m", "zml", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_shows_a_fallback_and_a_routing_context(tmp_path: Path) -> None:
+    proc = _zml("demo", "--dir", str(tmp_path), "--time-scale", "0.3")
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr + out
+    assert "fallback H100 → MI300X shown: yes; routing error shown: yes" in out
+    assert '"final_error": "no_viable_node"' in out
+    assert '"rejected_reason": "all_nodes_over_capacity"' in out
+    assert "MI300X" in out and "H100 above high water" in out
+    assert (tmp_path / "zml.toml").read_text().count("[[nodes]]") == 5
+    assert "cancelled 20 held streams" in out
+
+
+def test_demo_config_is_valid_and_has_the_seed_policy(tmp_path: Path) -> None:
+    path = tmp_path / "zml.toml"
+    path.write_text(demo_config())
+    assert main(["policy", "check", "--config", str(path)]) == 0
+    text = path.read_text()
+    assert 'accelerator_chain = ["H100", "MI300X", "H100_PCIe"]' in text
+
+
+def test_route_explain_is_a_dry_run(seed_fleet: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["route", "--config", str(seed_fleet.path), "--policy", "llama3-production",
+                   "--model", "meta-llama/llama-3-8b-instruct", "--explain", "--probe"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "would route to" in out and "h100-" in out and "chosen" in out
+    assert sum(n.stats.requests_total for n in seed_fleet.fleet.nodes.values()) == 0
+
+
+def test_route_for_an_unserved_model_explains_why(seed_fleet: Any,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["route", "--config", str(seed_fleet.path), "--policy", "llama3-production",
+                   "--model", "no-such-model", "--explain"])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert "no_nodes_for_model" in out and "register nodes serving no-such-model" in out
+
+
+def test_fleet_status_probes_every_node(seed_fleet: Any,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fleet", "status", "--config", str(seed_fleet.path)]) == 0
+    out = capsys.readouterr().out
+    for node_id in seed_fleet.fleet.nodes:
+        assert node_id in out
+    seed_fleet.fleet.kill("h100-pcie-1")
+    assert main(["fleet", "status", "--config", str(seed_fleet.path)]) == 1
+    assert "down" in capsys.readouterr().out
+
+
+def test_errors_are_one_clear_line_not_a_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "zml.toml"
+    bad.write_text('[accelerators.H100]\n[[nodes]]\nid = "a"\nfamily = "H10"\n'
+                   'url = "http://127.0.0.1:1"\nmodels = ["m"]\nmax_concurrency = 1\n')
+    proc = _zml("policy", "check", "--config", str(bad))
+    assert proc.returncode == 2
+    assert "PolicyConfigError" in proc.stderr and "did you mean 'H100'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = _zml("policy", "check", cwd=empty)
+    assert proc.returncode == 2 and "no zml.toml found" in proc.stderr
+
+
+def test_sim_serve_serves_the_configs_nodes(tmp_path: Path) -> None:
+    path = tmp_path / "zml.toml"
+    path.write_text(demo_config())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZML_")}
+    proc = subprocess.Popen([sys.executable, "-m", "zml", "sim", "serve", str(path)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        from zml.config import load_registry
+
+        url = load_registry(path).nodes[0].url
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = httpx2.get(url + "/health", timeout=1)
+                break
+            except httpx2.HTTPError:
+                assert time.monotonic() < deadline, "zml sim serve did not start"
+                time.sleep(0.1)
+        assert r.status_code == 200
+        models = httpx2.get(url + "/v1/models").json()
+        assert models["data"][0]["id"] == "meta-llama/llama-3-8b-instruct"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
