@@ -8,7 +8,9 @@ Everything is a ratio measured in one run on one machine, so a busy machine shif
   ``httpx2.EventSource`` + ``json`` per event (budget <= 1.5x);
 * routing decision time at 100 and 10,000 nodes (budget: median <= 20 us and <= 1 ms);
 * ``import zml`` vs ``import httpx2`` (budget <= 1.3x), in fresh interpreters;
-* memory per in-flight request with 1,000 concurrent streams (budget <= 16 KB).
+* memory per in-flight request with 1,000 concurrent streams (budget <= 16 KB), as Python
+  allocations (tracemalloc) per open stream, for zml and for bare httpx2 holding the same
+  streams: the difference is what zml itself adds per request.
 
 The simulated node runs in another process (``zml sim serve``) with no artificial delays, so
 only this process's CPU (``time.process_time``) is counted. Rounds alternate zml and bare so
@@ -168,35 +170,59 @@ def bench_import(runs: int = 7) -> dict[str, float]:
             "zml_client_ms": first_use * 1e3}
 
 
-async def _hold_streams(config: Path, count: int) -> dict[str, float]:
+async def _hold_streams(config: Path, count: int, bare: bool) -> dict[str, float]:
+    """Hold ``count`` streams open (first chunk received); Python memory grown per stream."""
     import zml
 
-    async with zml.AsyncClient(config=config) as client:
-        warm = client.infer_stream(MODEL, MESSAGES, policy="bench", max_tokens=4)
-        async for _ in warm:
-            pass
+    # Connections are opened in batches: a thousand simultaneous connects would overflow the
+    # simulated node's listen backlog, which measures the kernel, not the client.
+    timeouts = zml.Timeouts(total=None, connect=60.0, idle=None)
+    async with zml.AsyncClient(config=config, timeout=timeouts, probe_interval_s=None) as client, \
+            httpx2.AsyncClient(limits=httpx2.Limits(max_connections=None),
+                               timeout=httpx2.Timeout(60.0)) as http:
+        url = client.registry.nodes[0].url + "/v1/chat/completions"
+        body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 10_000, "ignore_eos": True,
+                "stream": True}
+
+        async def open_bare() -> tuple[httpx2.Response, object]:
+            response = await http.send(http.build_request("POST", url, json=body), stream=True)
+            events = httpx2.EventSource(response).__aiter__()
+            await events.__anext__()
+            return response, events
+
+        async def open_zml() -> object:
+            it = client.infer_stream(MODEL, MESSAGES, policy="bench", max_tokens=10_000,
+                                     extra_body={"ignore_eos": True}).__aiter__()
+            await it.__anext__()
+            return it
+
+        opener = open_bare if bare else open_zml
+        await asyncio.gather(*(opener() for _ in range(4)))  # warm up both paths' lazy state
         gc.collect()
         tracemalloc.start()
         before = tracemalloc.take_snapshot()
-        iterators = []
-        for _ in range(count):
-            it = client.infer_stream(MODEL, MESSAGES, policy="bench", max_tokens=10_000,
-                                     extra_body={"ignore_eos": True}).__aiter__()
-            iterators.append(it)
-        await asyncio.gather(*(it.__anext__() for it in iterators))
+        held: list[object] = []
+        for start in range(0, count, 50):
+            held += await asyncio.gather(*(opener() for _ in range(min(50, count - start))))
         gc.collect()
         after = tracemalloc.take_snapshot()
         tracemalloc.stop()
-        in_flight = client.fleet.in_flight
         grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
-        for it in iterators:
-            await it.aclose()
-        return {"streams": float(in_flight), "bytes_per_request": grown / max(1, in_flight)}
+        in_flight = count if bare else client.fleet.in_flight
+        for item in held:
+            if isinstance(item, tuple):
+                await item[0].aclose()
+            else:
+                await item.aclose()  # type: ignore[attr-defined]
+        return {"streams": float(in_flight), "bytes_per_request": grown / count}
 
 
 def bench_memory(count: int) -> dict[str, float]:
-    with sim_node(slots=count + 8, time_scale=1.0, tokens_per_s=0.5) as config:
-        return asyncio.run(_hold_streams(config, count))
+    with sim_node(slots=2 * count + 64, time_scale=1.0, tokens_per_s=0.5) as config:
+        bare = asyncio.run(_hold_streams(config, count, bare=True))
+        ours = asyncio.run(_hold_streams(config, count, bare=False))
+    return {"streams": ours["streams"], "zml": ours["bytes_per_request"],
+            "bare": bare["bytes_per_request"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{imp['ratio']:.2f}x (budget <= 1.3x); zml + first use of zml.Client "
           f"{imp['zml_client_ms']:.0f} ms")
     mem = bench_memory(args.streams)
-    print(f"memory: {mem['streams']:.0f} concurrent streams in flight, "
-          f"{mem['bytes_per_request'] / 1024:.1f} KB per in-flight request (budget <= 16 KB)")
+    print(f"memory per in-flight stream ({mem['streams']:.0f} concurrent): zml "
+          f"{mem['zml'] / 1024:.1f} KB, bare httpx2+SSE {mem['bare'] / 1024:.1f} KB -> zml's own "
+          f"{(mem['zml'] - mem['bare']) / 1024:.1f} KB (budget <= 16 KB)")
     return 0
 
 

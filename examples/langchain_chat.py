@@ -48,9 +48,8 @@ QUESTIONS = [
 ]
 
 
-def build_chain(config: str | None) -> Runnable[dict[str, Any], BaseMessage]:
-    """The prompt piped into the chat model; zml finds the fleet in ``config``."""
-    llm = ChatZML(model=MODEL, policy=POLICY, config=config, max_tokens=96)
+def build_chain(llm: ChatZML) -> Runnable[dict[str, Any], BaseMessage]:
+    """The prompt piped into the chat model."""
     return PROMPT | llm
 
 
@@ -66,7 +65,8 @@ def describe(message: BaseMessage) -> str:
 
 
 def run(config: str | None) -> int:
-    chain = build_chain(config)
+    llm = ChatZML(model=MODEL, policy=POLICY, config=config, max_tokens=96)
+    chain = build_chain(llm)
     topic = "inference fleets"
     try:
         answer = chain.invoke({"topic": topic, "question": QUESTIONS[0]})
@@ -88,6 +88,8 @@ def run(config: str | None) -> int:
         # No node could take a request: the context says which families were tried and why.
         print(f"zml could not route the request: {exc.routing_context}", file=sys.stderr)
         return 1
+    finally:
+        llm.close()
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -48,7 +48,7 @@ class Fleet:
     def __init__(
         self,
         nodes: Iterable[Node],
-        costs: dict[str, float | None] | None = None,
+        costs: Mapping[str, float | None] | None = None,
         families: Sequence[str] | None = None,
     ) -> None:
         self.nodes = list(nodes)
@@ -231,7 +231,7 @@ def test_excluded_after_failure() -> None:
 def test_checks_apply_in_documented_order() -> None:
     policy = Policy(accelerator_chain=("H100",), latency_target_ms=100)
     # excluded beats everything else
-    bad = dict(open_until=NOW + 5, health=0.0, load=99, ttft_ms=9999.0)
+    bad: dict[str, typing.Any] = dict(open_until=NOW + 5, health=0.0, load=99, ttft_ms=9999.0)
     assert trace(no_route(policy, Fleet([Node("a", **bad)]), exclude={"a"}))[0][2] == (
         "excluded_after_failure"
     )
@@ -727,7 +727,7 @@ def test_seed_example() -> None:
     assert ctx == {
         **seed_context,
         "evaluated": [
-            *seed_context["evaluated"],  # type: ignore[misc]
+            *typing.cast(list[object], seed_context["evaluated"]),
             {"family": "H100_PCIe", "nodes_checked": 0, "rejected_reason": "no_nodes_for_model"},
         ],
     }

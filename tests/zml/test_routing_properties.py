@@ -278,7 +278,7 @@ def as_tuples(result: Decision | NoRoute) -> list[tuple[str, int, str | None]]:
 # properties
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(scenarios())
 def test_chosen_node_passes_every_check(
     case: tuple[Policy | None, Fleet, frozenset[str], str | None, int],
@@ -300,7 +300,7 @@ def test_chosen_node_passes_every_check(
         assert result.predicted_ttft_ms <= policy.latency_target_ms * margin
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(scenarios())
 def test_chain_order_and_trace_shape(
     case: tuple[Policy | None, Fleet, frozenset[str], str | None, int],
@@ -338,7 +338,7 @@ def test_chain_order_and_trace_shape(
         assert chosen == len(families) - 1
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(scenarios())
 def test_matches_the_reference_model(
     case: tuple[Policy | None, Fleet, frozenset[str], str | None, int],

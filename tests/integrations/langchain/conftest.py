@@ -65,6 +65,12 @@ def zml_config(sim_fleet: SimFleet, tmp_path_factory: pytest.TempPathFactory) ->
     return path
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "install: installs a package into a fresh virtual environment (uses uv)"
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Any connection to a host other than loopback fails a test here (pytest-socket)."""
     for item in items:

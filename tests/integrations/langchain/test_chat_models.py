@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,12 @@ def test_policy_and_accelerator_are_exclusive() -> None:
         ChatZML(model=MODEL, policy="llama3-production", accelerator="H100")
 
 
+def test_model_kwargs_cannot_shadow_fields_or_routing() -> None:
+    for key in ("model", "policy", "temperature", "stop"):
+        with pytest.raises(ValidationError, match="model_kwargs may not set"):
+            ChatZML(model=MODEL, model_kwargs={key: "x"})
+
+
 def test_max_retries_maps_to_max_attempts() -> None:
     assert ChatZML(model=MODEL, max_retries=0)._client_options()["max_attempts"] == 1
     assert ChatZML(model=MODEL, max_retries=4)._client_options()["max_attempts"] == 5
@@ -94,11 +102,29 @@ def test_max_retries_maps_to_max_attempts() -> None:
 
 def test_construction_is_lazy_and_config_errors_propagate(tmp_path: Path) -> None:
     llm = ChatZML(model=MODEL, policy="llama3-production", config=tmp_path / "missing.toml")
-    assert llm._client is None
+    assert not llm._clients.built
     with pytest.raises(zml.PolicyConfigError) as info:
         llm.invoke("Hello")
     assert type(info.value) is zml.PolicyConfigError
     assert info.value.field == "config"
+
+
+def test_copies_share_or_drop_the_clients(tmp_path: Path) -> None:
+    config = tmp_path / "zml.toml"
+    config.write_text(
+        '[accelerators.H100]\n[[nodes]]\nid = "h100-1"\nfamily = "H100"\n'
+        f'url = "http://127.0.0.1:9"\nmodels = ["{MODEL}"]\nmax_concurrency = 1\n'
+    )
+    llm = ChatZML(model=MODEL, config=config)
+    client = llm._sync_client()  # reads the config; sends nothing
+    assert llm._sync_client() is client
+    assert llm.model_copy()._sync_client() is client
+    for clone in (copy.deepcopy(llm), pickle.loads(pickle.dumps(llm))):
+        assert isinstance(clone, ChatZML)
+        assert clone.model == MODEL
+        assert not clone._clients.built
+    llm.close()
+    assert not llm._clients.built
 
 
 def test_identifying_and_langsmith_params() -> None:

@@ -18,7 +18,6 @@ import pytest
 from llama_index.core import Settings
 from llama_index.core.utils import set_global_tokenizer
 from llama_index.llms.zml import ZML
-
 from zml.sim import SimFleet, SimNodeSpec
 
 MODEL = "meta-llama/llama-3-8b-instruct"
@@ -50,8 +49,8 @@ def _is_loopback(address: Any) -> bool:
         return False
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _no_internet() -> Iterator[None]:
+@pytest.fixture(autouse=True)
+def _no_internet(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail any connection to a non-loopback address made from this process."""
     real_connect = socket.socket.connect
     real_connect_ex = socket.socket.connect_ex
@@ -66,10 +65,8 @@ def _no_internet() -> Iterator[None]:
             raise OSError(f"test tried to reach {address!r}: only loopback is allowed")
         return real_connect_ex(self, address)
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(socket.socket, "connect", connect)
-        mp.setattr(socket.socket, "connect_ex", connect_ex)
-        yield
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
 
 
 @pytest.fixture(autouse=True)

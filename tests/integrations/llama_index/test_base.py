@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import zml
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -65,6 +66,13 @@ def test_api_key_is_never_serialized() -> None:
 def test_config_path_serializes_as_text(tmp_path: Path) -> None:
     llm = ZML(model="m", config=tmp_path / "zml.toml")
     assert llm.to_dict()["config"] == str(tmp_path / "zml.toml")
+
+
+def test_config_registry_is_kept_and_serializes_as_its_source() -> None:
+    registry = zml.Registry(source="/etc/zml/zml.toml")
+    llm = ZML(model="m", config=registry)
+    assert llm.config is registry
+    assert llm.to_dict()["config"] == "/etc/zml/zml.toml"
 
 
 def test_no_client_before_first_call() -> None:
@@ -203,3 +211,11 @@ def test_single_tool_call_unless_parallel_allowed() -> None:
                                                   allow_parallel_tool_calls=True)
     assert len(llm.get_tool_calls_from_response(both)) == 2
 
+
+
+def test_offline_guard() -> None:
+    """conftest.py refuses connections beyond loopback (LlamaIndex must not download)."""
+    import socket
+
+    with pytest.raises(OSError, match="only loopback"), socket.socket() as sock:
+        sock.connect(("192.0.2.1", 443))  # TEST-NET-1: never routed

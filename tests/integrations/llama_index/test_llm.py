@@ -8,11 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llama_index.core.base.llms.types import ChatMessage, ChatResponse, CompletionResponse
+import zml
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    CompletionResponse,
+    ImageBlock,
+    TextBlock,
+)
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.llms.zml import ZML
-
-import zml
 
 MODEL = "meta-llama/llama-3-8b-instruct"  # as in conftest.py
 POLICY = "llama3-production"
@@ -65,6 +70,14 @@ def test_chat_parameters_reach_the_node(make_llm: Callable[..., ZML]) -> None:
     pinned = llm.chat(chat_messages(), max_tokens=2, accelerator="MI300X")
     assert pinned.raw["usage"]["completion_tokens"] == 2
     assert assert_routed(pinned, policy=None)["accelerator"] == "MI300X"
+
+
+def test_chat_with_an_image(llm: ZML) -> None:
+    message = ChatMessage(role="user", blocks=[
+        TextBlock(text="What is in this picture?"),
+        ImageBlock(image=b"\x89PNG\r\n", image_mimetype="image/png"),
+    ])
+    assert llm.chat([message]).message.content
 
 
 def test_unknown_parameter_is_an_error(llm: ZML) -> None:
@@ -204,3 +217,22 @@ def test_policy_config_error_on_first_call(make_llm: Callable[..., ZML]) -> None
     llm = make_llm(policy="no-such-policy")
     with pytest.raises(zml.PolicyConfigError):
         llm.chat(chat_messages())
+
+
+# The client of a finished loop cannot be closed from another loop; its idle connections go
+# with the garbage collector (a ResourceWarning, shown only in Python's dev mode).
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_async_methods_from_successive_event_loops(llm: ZML) -> None:
+    """Sync code that runs the async API with asyncio.run() more than once (a new loop each
+    time): the async client, whose connections belong to a loop, is rebuilt for each."""
+    import asyncio
+
+    async def achat() -> tuple[ChatResponse, object]:
+        response = await llm.achat(chat_messages())
+        return response, llm._aclient
+
+    first, first_client = asyncio.run(achat())
+    second, second_client = asyncio.run(achat())
+    assert first_client is not second_client
+    assert_routed(first)
+    assert_routed(second)

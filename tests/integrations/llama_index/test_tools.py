@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from llama_index.core.agent.workflow import AgentOutput, FunctionAgent, ToolCallResult
 from llama_index.core.base.llms.types import ChatMessage, ToolCallBlock
+from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
 from llama_index.llms.zml import ZML
+from pydantic import BaseModel
 
 MODEL = "meta-llama/llama-3-8b-instruct"  # as in conftest.py
 POLICY = "llama3-production"
@@ -99,6 +101,21 @@ def test_predict_and_call(llm: ZML) -> None:
     output = llm.predict_and_call([WEATHER], user_msg="Use get_weather please.")
     assert output.response.startswith("Sunny and 21 C in ")
     assert output.sources[0].tool_name == "get_weather"
+
+
+class Song(BaseModel):
+    """A song."""
+
+    title: str
+    length_seconds: int
+
+
+def test_structured_predict(llm: ZML) -> None:
+    """LlamaIndex's structured output for function-calling LLMs: a forced tool call."""
+    song = llm.structured_predict(Song, PromptTemplate("Write a song about {topic}."),
+                                  topic="accelerators")
+    assert isinstance(song, Song)
+    assert isinstance(song.length_seconds, int)
 
 
 # llama-index's workflow machinery inspects the agent's pydantic attributes (not ours).

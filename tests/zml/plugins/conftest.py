@@ -15,13 +15,12 @@ from typing import Any
 
 import httpx2
 import pytest
+import zml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-import zml
 from zml.plugins.default.otel import OpenTelemetryPlugin
 
 MODEL = "m"
@@ -256,3 +255,21 @@ class Recorder:
     @zml.hookimpl
     def zml_request_cancelled(self, metadata: Any) -> None:
         self.events.append(("cancelled", {"metadata": metadata}))
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+def use_otel(driver: Driver, otel: SimpleNamespace) -> None:
+    """Replace the client's built-in OpenTelemetry plugin with the in-memory one."""
+    driver.plugins.unregister(name="zml.otel")
+    driver.plugins.register(otel.plugin, name="zml.otel")
+
+
+@pytest.fixture
+def traced(driver: Driver, otel: SimpleNamespace) -> SimpleNamespace:
+    """The driver, with its telemetry going to ``otel``'s in-memory readers."""
+    use_otel(driver, otel)
+    return SimpleNamespace(driver=driver, exporter=otel.exporter, reader=otel.reader)

@@ -46,16 +46,65 @@ _EXPORTS: dict[str, str] = {
     **{
         name: "errors"
         for name in (
-            "AuthenticationError", "BadRequestError", "IncompleteStreamError",
-            "InternalServerError", "InvalidRequestError", "NodeConnectionError", "NodeError",
-            "NodeProtocolError", "NodeStatusError", "NodeTimeoutError", "NodeUnavailableError",
-            "NotFoundError", "PolicyConfigError", "RateLimitError", "RoutingError", "ZMLError",
-            "ZMLRoutingError", "ZMLTimeoutError",
+            "AuthenticationError",
+            "BadRequestError",
+            "IncompleteStreamError",
+            "InternalServerError",
+            "InvalidRequestError",
+            "NodeConnectionError",
+            "NodeError",
+            "NodeProtocolError",
+            "NodeStatusError",
+            "NodeTimeoutError",
+            "NodeUnavailableError",
+            "NotFoundError",
+            "PolicyConfigError",
+            "RateLimitError",
+            "RoutingError",
+            "ZMLError",
+            "ZMLRoutingError",
+            "ZMLTimeoutError",
         )
     },
 }
 
-__all__ = sorted([*_EXPORTS, "__version__"])
+__all__ = [
+    "NOT_GIVEN",
+    "AsyncClient",
+    "AsyncStream",
+    "Attempt",
+    "AuthenticationError",
+    "BadRequestError",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "Client",
+    "Cost",
+    "IncompleteStreamError",
+    "InternalServerError",
+    "InvalidRequestError",
+    "NodeConnectionError",
+    "NodeError",
+    "NodeProtocolError",
+    "NodeStatusError",
+    "NodeTimeoutError",
+    "NodeUnavailableError",
+    "NotFoundError",
+    "NotGiven",
+    "Policy",
+    "PolicyConfigError",
+    "RateLimitError",
+    "Registry",
+    "RoutingError",
+    "RoutingInfo",
+    "Stream",
+    "Timeouts",
+    "Usage",
+    "ZMLError",
+    "ZMLRoutingError",
+    "ZMLTimeoutError",
+    "__version__",
+    "hookimpl",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -72,37 +121,42 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .client import NOT_GIVEN, AsyncClient, Client, NotGiven
-    from .config import Registry
-    from .dispatch import Timeouts
-    from .errors import (
-        AuthenticationError,
-        BadRequestError,
-        IncompleteStreamError,
-        InternalServerError,
-        InvalidRequestError,
-        NodeConnectionError,
-        NodeError,
-        NodeProtocolError,
-        NodeStatusError,
-        NodeTimeoutError,
-        NodeUnavailableError,
-        NotFoundError,
-        PolicyConfigError,
-        RateLimitError,
-        RoutingError,
-        ZMLError,
-        ZMLRoutingError,
-        ZMLTimeoutError,
+    from .client import (
+        NOT_GIVEN as NOT_GIVEN,
+        AsyncClient as AsyncClient,
+        Client as Client,
+        NotGiven as NotGiven,
     )
-    from .plugins.hookspecs import hookimpl
-    from .policy import Policy
-    from .streaming import AsyncStream, Stream
+    from .config import Registry as Registry
+    from .dispatch import Timeouts as Timeouts
+    from .errors import (
+        AuthenticationError as AuthenticationError,
+        BadRequestError as BadRequestError,
+        IncompleteStreamError as IncompleteStreamError,
+        InternalServerError as InternalServerError,
+        InvalidRequestError as InvalidRequestError,
+        NodeConnectionError as NodeConnectionError,
+        NodeError as NodeError,
+        NodeProtocolError as NodeProtocolError,
+        NodeStatusError as NodeStatusError,
+        NodeTimeoutError as NodeTimeoutError,
+        NodeUnavailableError as NodeUnavailableError,
+        NotFoundError as NotFoundError,
+        PolicyConfigError as PolicyConfigError,
+        RateLimitError as RateLimitError,
+        RoutingError as RoutingError,
+        ZMLError as ZMLError,
+        ZMLRoutingError as ZMLRoutingError,
+        ZMLTimeoutError as ZMLTimeoutError,
+    )
+    from .plugins.hookspecs import hookimpl as hookimpl
+    from .policy import Policy as Policy
+    from .streaming import AsyncStream as AsyncStream, Stream as Stream
     from .types import (
-        Attempt,
-        ChatCompletion,
-        ChatCompletionChunk,
-        Cost,
-        RoutingInfo,
-        Usage,
+        Attempt as Attempt,
+        ChatCompletion as ChatCompletion,
+        ChatCompletionChunk as ChatCompletionChunk,
+        Cost as Cost,
+        RoutingInfo as RoutingInfo,
+        Usage as Usage,
     )

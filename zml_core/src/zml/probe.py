@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -60,7 +61,8 @@ class ProbeResult:
 def parse_load(kind: str, text: str) -> tuple[int | None, int | None]:
     """(running, waiting) from a Prometheus exposition, summed over label sets.
 
-    Returns None for a gauge the text does not contain.
+    Returns None for a gauge the text does not contain (or carries only NaN/Inf samples,
+    which say nothing about load).
     """
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -71,7 +73,7 @@ def parse_load(kind: str, text: str) -> tuple[int | None, int | None]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             which = wanted.get(sample.name)
-            if which is not None:
+            if which is not None and math.isfinite(sample.value):
                 totals[which] = totals.get(which, 0.0) + sample.value
     running = totals.get("running")
     waiting = totals.get("waiting")

@@ -38,7 +38,9 @@ rejection reason:
    node's slots and then its own queue of ``max_queue`` requests);
 5. the predicted TTFT is over the latency limit -> ``latency_target_exceeded``.
 
-A node that passes every check is *viable*.
+A node that passes every check is *viable*. (Nodes are expected to have
+``max_concurrency >= 1``, ``max_queue >= 0`` and ``load >= 0``; a node with no slot at all is
+treated as having no room.)
 
 Predicted time to first token::
 
@@ -61,13 +63,13 @@ going to the first of ``all_nodes_over_capacity``, ``latency_target_exceeded``,
 
 Choosing the family (with a policy)
 -----------------------------------
-The families of ``accelerator_chain`` are walked in order (only ``pinned_family`` when one is
-given, e.g. ``accelerator="H100"``). A family's utilisation ``U`` is the sum of ``load`` over
+The families of ``accelerator_chain`` are walked in order (a family repeated in the chain is
+walked once; only ``pinned_family`` is walked when one is given, e.g. ``accelerator="H100"``). A family's utilisation ``U`` is the sum of ``load`` over
 the sum of ``max_concurrency`` of its nodes that passed checks 1-3, as it is before this
 request. A family with at least one viable node is:
 
-* ``"cost"``: accepted. zml holds to the cheaper, earlier family up to its full capacity,
-  node queues included, accepting up to 1.25 x the latency target.
+* ``"cost"``: accepted. zml holds to the earlier (cheaper, preferred) family up to its full
+  capacity, node queues included, accepting up to 1.25 x the latency target.
 * ``"latency"``: accepted when ``U < HIGH_WATER`` (0.8); at or above it the family is passed
   over with the soft reason ``above_high_water`` and the walk goes on: zml upgrades before
   the family is exhausted.
@@ -85,7 +87,8 @@ The first accepted family wins and the walk stops there. When every family with 
 was passed over, the first of them wins after all (a busy family beats none). When no family
 has a viable node the result is a ``NoRoute`` (``final_error = "no_viable_node"``).
 
-Within the chosen family the viable node with the lowest predicted TTFT is chosen. Nodes
+Within the chosen family the viable node with the lowest predicted TTFT is chosen, and that
+prediction is ``Decision.predicted_ttft_ms``. Nodes
 within ``TIE_MS`` of the lowest are tied; among ties zml samples two with ``rng``
 (power of two choices) and takes the one with the lower ``load / max_concurrency`` (the
 first sampled when equal); a single tied node is taken as is.
@@ -149,8 +152,8 @@ room) would have served the request, and the other families' reasons stay visibl
 * ``excluded_after_failure``: ``"every candidate node failed for this request; see the
   attempts"``.
 
-``<ids>`` names up to 5 of the nodes rejected for that reason, in evaluation order, then
-"and N more".
+``<ids>`` names up to 5 of the nodes of the evaluated families that fail that check, in
+evaluation order, then "and N more".
 """
 
 from __future__ import annotations
@@ -695,8 +698,8 @@ def route(
     else:
         limit = float(target)
     threshold = policy.health_threshold
-    evaluated: list[FamilyEvaluation] = []
-    fallback: tuple[int, str, int, list[NodeView]] | None = None
+    walked: list[tuple[str, int, str | None]] = []  # (family, nodes_checked, reason)
+    fallback: tuple[int, list[NodeView]] | None = None
     last = len(chain) - 1
 
     for i, family in enumerate(chain):
@@ -708,7 +711,7 @@ def route(
                 nodes, now, threshold, limit, exclude
             )
         if not ties:
-            evaluated.append(FamilyEvaluation(family, len(nodes), reason))
+            walked.append((family, len(nodes), reason))
             continue
         if mode != "cost":
             ceiling = HIGH_WATER
@@ -717,25 +720,31 @@ def route(
                 ceiling += BALANCED_SPAN * _saving(fleet, family, nxt)
             if util >= ceiling - _UTIL_ROUNDING:
                 if fallback is None:
-                    fallback = (len(evaluated), family, len(nodes), ties)
-                evaluated.append(FamilyEvaluation(family, len(nodes), _ABOVE_HIGH_WATER))
+                    fallback = (len(walked), ties)
+                walked.append((family, len(nodes), _ABOVE_HIGH_WATER))
                 continue
-        evaluated.append(FamilyEvaluation(family, len(nodes), None))
+        walked.append((family, len(nodes), None))
         node = ties[_two_choices(ties, rng)]
-        return Decision(node, family, _predict(node), tuple(evaluated))
+        return Decision(node, family, _predict(node), _trace(walked))
 
     if fallback is not None:
-        index, family, checked, ties = fallback
-        evaluated[index] = FamilyEvaluation(family, checked, None)
+        index, ties = fallback
+        family, checked, _ = walked[index]
+        walked[index] = (family, checked, None)
         node = ties[_two_choices(ties, rng)]
-        return Decision(node, family, _predict(node), tuple(evaluated))
+        return Decision(node, family, _predict(node), _trace(walked))
 
+    evaluated = _trace(walked)
     return NoRoute(
         policy.name,
-        tuple(evaluated),
+        evaluated,
         NO_VIABLE_NODE,
         _recommend(model, evaluated, fleet, now, threshold, exclude, "the chain's families"),
     )
+
+
+def _trace(walked: list[tuple[str, int, str | None]]) -> tuple[FamilyEvaluation, ...]:
+    return tuple([FamilyEvaluation(f, n, r) for f, n, r in walked])
 
 
 def _route_without_policy(

@@ -12,7 +12,7 @@ final chunk, marked ``chunk_position="last"``, that it builds when the stream en
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import zml
 from langchain_core.messages import AIMessage, AIMessageChunk, InvalidToolCall, ToolCall
@@ -38,11 +38,12 @@ def usage_metadata(usage: zml.Usage | None) -> UsageMetadata | None:
     """LangChain's token counts from an OpenAI ``usage`` object (with cache/reasoning details)."""
     if usage is None:
         return None
-    result = UsageMetadata(
-        input_tokens=usage.prompt_tokens,
-        output_tokens=usage.completion_tokens,
-        total_tokens=usage.total_tokens or usage.prompt_tokens + usage.completion_tokens,
-    )
+    counts = {
+        "input_tokens": usage.prompt_tokens,
+        "output_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens or usage.prompt_tokens + usage.completion_tokens,
+    }
+    result = cast("UsageMetadata", counts)
     cached = _detail(usage, "prompt_tokens_details", "cached_tokens")
     if cached is not None:
         result["input_token_details"] = InputTokenDetails(cache_read=cached)

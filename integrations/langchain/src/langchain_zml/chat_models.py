@@ -9,8 +9,6 @@ Routing, failover, timeouts and policy validation are zml's; its errors (``Routi
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +22,17 @@ from langchain_core.runnables import Runnable
 from langchain_core.tools import BaseTool
 from langchain_core.utils import secret_from_env
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field, InstanceOf, PrivateAttr, SecretStr, model_validator
-from typing_extensions import Self
+from pydantic import (
+    ConfigDict,
+    Field,
+    InstanceOf,
+    PrivateAttr,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
+from ._clients import Clients
 from ._messages import to_openai_messages
 from ._responses import PROVIDER, ChunkConverter, chat_result
 from ._structured_output import (
@@ -40,6 +46,10 @@ from ._structured_output import (
 __all__ = ["ChatZML"]
 
 _ROUTING_KWARGS = ("policy", "accelerator")
+_RESERVED_MODEL_KWARGS = frozenset(
+    {"model", "messages", "policy", "accelerator", "metadata", "timeout", "stream"}
+    | {"temperature", "max_tokens", "stop"}
+)
 
 
 class ChatZML(BaseChatModel):
@@ -127,14 +137,20 @@ class ChatZML(BaseChatModel):
     zml_metadata: dict[str, Any] | None = None
     """Labels (team, service...) passed to zml's plugins and echoed in the routing info."""
 
-    _client: zml.Client | None = PrivateAttr(default=None)
-    _async_client: tuple[asyncio.AbstractEventLoop, zml.AsyncClient] | None = PrivateAttr(
-        default=None
-    )
-    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _clients: Clients = PrivateAttr(default_factory=Clients)
+
+    @field_validator("model_kwargs")
+    @classmethod
+    def _no_reserved_model_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        reserved = sorted(set(value) & _RESERVED_MODEL_KWARGS)
+        if reserved:
+            raise ValueError(
+                f"model_kwargs may not set {reserved}: pass them as ChatZML fields (or per call)"
+            )
+        return value
 
     @model_validator(mode="after")
-    def _one_routing_mode(self) -> Self:
+    def _one_routing_mode(self) -> ChatZML:
         if self.policy is not None and self.accelerator is not None:
             raise ValueError(
                 "pass either policy= or accelerator=, not both: accelerator pins one family, "
@@ -192,46 +208,18 @@ class ChatZML(BaseChatModel):
         return options
 
     def _sync_client(self) -> zml.Client:
-        """The zml client, built on first use (building reads zml.toml; nothing is sent)."""
-        client = self._client
-        if client is None:
-            with self._lock:
-                client = self._client
-                if client is None:
-                    client = self._client = zml.Client(**self._client_options())
-        return client
+        return self._clients.sync(self._client_options)
 
     def _aclient(self) -> zml.AsyncClient:
-        """The async zml client of the running event loop, built on first use.
-
-        Its connections belong to one event loop, so a model used from a new loop (a second
-        ``asyncio.run``) gets a new client; routing state is zml's, shared per process.
-        """
-        loop = asyncio.get_running_loop()
-        pair = self._async_client
-        if pair is None or pair[0] is not loop:
-            with self._lock:
-                pair = self._async_client
-                if pair is None or pair[0] is not loop:
-                    pair = self._async_client = (loop, zml.AsyncClient(**self._client_options()))
-        return pair[1]
+        return self._clients.for_running_loop(self._client_options)
 
     def close(self) -> None:
-        """Close the sync client's connections (it is rebuilt if the model is used again)."""
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        """Close the sync client's connections (a later call opens new ones)."""
+        self._clients.close()
 
     async def aclose(self) -> None:
         """Close the async client's connections, if it belongs to the running event loop."""
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            pair = self._async_client
-            if pair is None or pair[0] is not loop:
-                return
-            self._async_client = None
-        await pair[1].aclose()
+        await self._clients.aclose()
 
     # --- one request, four ways --------------------------------------------------------------
 

@@ -175,9 +175,10 @@ def zml_register_policy_sources(
 
 @hookspec
 def zml_request_started(call: Call, metadata: Mapping[str, Any]) -> None:
-    """A request was validated and is about to be routed (once per request).
+    """A request was validated and is about to be routed.
 
-    Called by both clients, for ``infer`` and ``infer_stream``, before any routing decision.
+    Called once per request, as its first hook, by both clients, for ``infer`` and
+    ``infer_stream``, before any routing decision.
     ``call.state`` is a per-request scratch dict for plugins (keep a span or a timer there,
     under a key your plugin owns). Exactly one of :func:`zml_request_completed`,
     :func:`zml_request_failed` or :func:`zml_request_cancelled` follows.
@@ -197,9 +198,11 @@ def zml_request_started(call: Call, metadata: Mapping[str, Any]) -> None:
 
 @hookspec
 def zml_request_routed(call: Call, routing: RoutingInfo, metadata: Mapping[str, Any]) -> None:
-    """A routing decision was made and a slot reserved on a node (once per attempt).
+    """A routing decision was made and a slot reserved on a node.
 
-    Called again for each failover attempt, with that attempt's decision.
+    Called once per attempt, before the request is sent: again for each failover attempt,
+    with that attempt's decision. Not called when routing finds no node (then
+    :func:`zml_request_failed` gets a RoutingError whose context lists the families).
 
     Args:
         call: the request (see :func:`zml_request_started`).
@@ -217,9 +220,10 @@ def zml_request_routed(call: Call, routing: RoutingInfo, metadata: Mapping[str, 
 def zml_attempt_failed(
     call: Call, attempt: Attempt, error: NodeError, metadata: Mapping[str, Any]
 ) -> None:
-    """An attempt failed before the first token reached the caller (once per failed attempt).
+    """An attempt failed before the first token reached the caller.
 
-    Another attempt may follow (:func:`zml_request_routed` again) or the request may fail.
+    Called once per failed attempt, after the node was marked. Another attempt may follow
+    (:func:`zml_request_routed` again) or the request may fail.
 
     Args:
         call: the request.
@@ -242,9 +246,10 @@ def zml_request_completed(
     cost: Cost | None,
     metadata: Mapping[str, Any],
 ) -> None:
-    """A request succeeded: the whole answer arrived (for a stream, after its last chunk).
+    """A request succeeded: the whole answer arrived.
 
-    Called after :func:`zml_attribute_cost`, with its result.
+    Called once, as the request's last hook, after :func:`zml_attribute_cost` (with its
+    result): for ``infer`` before it returns, for a stream after its last chunk.
 
     Args:
         call: the request.
@@ -264,6 +269,9 @@ def zml_request_completed(
 def zml_request_failed(call: Call, error: ZMLError, metadata: Mapping[str, Any]) -> None:
     """A request ended with a zml error: RoutingError, a NodeError, ZMLTimeoutError...
 
+    Called once, as the request's last hook, just before the error reaches the caller (for a
+    stream: when iterating it raises).
+
     Args:
         call: the request (``call.attempts``: the failed attempts).
         error: the error raised to the caller; a :class:`zml.RoutingError` carries
@@ -278,6 +286,9 @@ def zml_request_failed(call: Call, error: ZMLError, metadata: Mapping[str, Any])
 @hookspec
 def zml_request_cancelled(call: Call, metadata: Mapping[str, Any]) -> None:
     """The caller went away: task cancelled, stream closed early, an error in its own code.
+
+    Called once, as the request's last hook, when the request's slot is released without an
+    answer or a zml error (``stream.close()``, leaving the loop early, task cancellation).
 
     Args:
         call: the request.

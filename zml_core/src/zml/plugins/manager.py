@@ -123,9 +123,11 @@ class PluginManager(pluggy.PluginManager):
         """The implementations of a hook in call order (first called first); cached."""
         found = self._impls.get(hook_name)
         if found is None:
+            generation = self.generation
             caller: pluggy.HookCaller | None = getattr(self.hook, hook_name, None)
             found = tuple(reversed(caller.get_hookimpls())) if caller is not None else ()
-            self._impls[hook_name] = found
+            if generation == self.generation:  # not if a registration raced this read
+                self._impls[hook_name] = found
         return found
 
     def copy(self) -> PluginManager:

@@ -82,6 +82,7 @@ class SourcePolicies(Mapping[str, Policy]):
         self._cache: dict[str, Policy | object] = {}
         self._names: tuple[str, ...] | None = None
         self._dirty = False
+        self._epoch = 0
         self._generation = -1
         self._sources: list[PolicySource] = []
         self._versioned: list[tuple[PolicySource, list[Hashable]]] = []
@@ -101,6 +102,7 @@ class SourcePolicies(Mapping[str, Policy]):
             self._sources = sources
             self._versioned = versioned
             self._generation = generation
+            self._epoch += 1
             self._cache.clear()
             self._names = None
             self._dirty = False
@@ -122,6 +124,7 @@ class SourcePolicies(Mapping[str, Policy]):
         if changed:
             with self._lock:
                 self._dirty = False
+                self._epoch += 1
                 self._cache.clear()
                 self._names = None
 
@@ -132,10 +135,13 @@ class SourcePolicies(Mapping[str, Policy]):
         self._check()
         found = self._cache.get(key, _MISSING)
         if found is _MISSING:
+            epoch = self._epoch
             found = self._lookup(key)
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-            self._cache[key] = found
+            with self._lock:
+                if epoch == self._epoch:  # else a change was noticed meanwhile: don't keep it
+                    if len(self._cache) >= _CACHE_LIMIT:
+                        self._cache.clear()
+                    self._cache[key] = found
         return default if found is None else found
 
     def __getitem__(self, key: str) -> Policy:

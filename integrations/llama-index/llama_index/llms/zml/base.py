@@ -76,6 +76,10 @@ class ZML(FunctionCallingLLM):
     or zml's own ``policy``, ``accelerator``, ``timeout`` and ``metadata``; unknown names raise
     ``zml.InvalidRequestError`` rather than being dropped. zml's errors (``zml.RoutingError``
     with its ``routing_context``, ``zml.NodeError`` subclasses, ...) propagate unchanged.
+
+    In async code, ``await llm.aclose()`` when done. The async client serves one event loop;
+    used from another (sync code calling ``asyncio.run`` per call), it is replaced, and the
+    idle connections of the old loop's client are left to the garbage collector.
     """
 
     model: str = Field(description="The model name, as the fleet's nodes serve it.", min_length=1)

@@ -131,4 +131,3 @@ def _plain_tool_call(tool_call: Any) -> dict[str, Any]:
         "type": call_type or "function",
         "function": {"name": function.get("name"), "arguments": arguments},
     }
-

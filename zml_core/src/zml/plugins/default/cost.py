@@ -46,13 +46,11 @@ def default_cost(
     if accelerator.cost_per_1k_tokens is not None:
         tokens = total_tokens(usage)
         if tokens > 0:
-            return Cost.model_construct(
-                amount=accelerator.cost_per_1k_tokens * tokens / 1000, currency="USD", basis="tokens"
-            )
+            return Cost(amount=accelerator.cost_per_1k_tokens * tokens / 1000, basis="tokens")
     if accelerator.cost_per_hour is not None:
         slots = node.max_concurrency if node is not None else 1
         amount = accelerator.cost_per_hour / 3600 * max(0.0, held_s) / slots
-        return Cost.model_construct(amount=amount, currency="USD", basis="node_seconds")
+        return Cost(amount=amount, basis="node_seconds")
     return None
 
 

@@ -24,12 +24,15 @@ span attribute ``gen_ai.input.messages`` (JSON).
 
 The tracer and meter come from the global providers, fetched on first use (so an application
 may configure OpenTelemetry after importing zml), unless providers are passed to the plugin.
+While neither global provider is configured, the plugin does nothing per request (it looks
+again every second), so tracing costs nothing to an application that does not use it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +50,7 @@ __all__ = ["ENV_CAPTURE_CONTENT", "OpenTelemetryPlugin", "plugin"]
 
 ENV_CAPTURE_CONTENT = "ZML_TELEMETRY_CAPTURE_CONTENT"
 PROVIDER = "zml"
+RECHECK_S = 1.0
 _SPAN = "zml.otel.span"
 
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
@@ -83,6 +87,29 @@ class OpenTelemetryPlugin:
         self._tracer: Tracer | None = None
         self._duration: Histogram | None = None
         self._tokens: Histogram | None = None
+        self._explicit = tracer_provider is not None or meter_provider is not None
+        self._enabled = False
+        self._recheck_at = 0.0
+
+    def enabled(self) -> bool:
+        """Whether requests are observed: providers were given, or a global one is configured.
+
+        Without any configured provider every span and instrument would be a no-op, so the
+        plugin skips its work; the global providers are looked at again every
+        ``RECHECK_S`` seconds, so configuring OpenTelemetry after the first request works.
+        """
+        if self._explicit:
+            return True
+        now = time.monotonic()
+        if now >= self._recheck_at:
+            from opentelemetry import metrics, trace
+
+            traced = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+            # The API hands out a proxy until a meter provider is set; it has no public type.
+            measured = type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
+            self._enabled = traced or measured
+            self._recheck_at = now + RECHECK_S
+        return self._enabled
 
     # --- lazily fetched OpenTelemetry objects ------------------------------------------------
 
@@ -126,6 +153,8 @@ class OpenTelemetryPlugin:
     @hookimpl
     def zml_request_started(self, call: Call) -> None:
         """Start the request's span."""
+        if not self.enabled():
+            return
         from opentelemetry.trace import SpanKind
 
         attributes: dict[str, Any] = {
@@ -194,24 +223,25 @@ class OpenTelemetryPlugin:
     ) -> None:
         """Finish the span with usage and cost; record duration and token histograms."""
         span: Span | None = call.state.pop(_SPAN, None)
+        if span is None:
+            return
         input_tokens, output_tokens = _tokens(usage)
         host, _ = _split_address(routing.server_address)
-        if span is not None:
-            if span.is_recording():
-                attributes: dict[str, Any] = {
-                    "gen_ai.response.model": call.model,
-                    "zml.attempts": len(routing.attempts) + 1,
-                }
-                if input_tokens is not None:
-                    attributes["gen_ai.usage.input_tokens"] = input_tokens
-                if output_tokens is not None:
-                    attributes["gen_ai.usage.output_tokens"] = output_tokens
-                if cost is not None:
-                    attributes["zml.cost.amount"] = cost.amount
-                    attributes["zml.cost.currency"] = cost.currency
-                    attributes["zml.cost.basis"] = cost.basis
-                span.set_attributes(attributes)
-            span.end()
+        if span.is_recording():
+            attributes: dict[str, Any] = {
+                "gen_ai.response.model": call.model,
+                "zml.attempts": len(routing.attempts) + 1,
+            }
+            if input_tokens is not None:
+                attributes["gen_ai.usage.input_tokens"] = input_tokens
+            if output_tokens is not None:
+                attributes["gen_ai.usage.output_tokens"] = output_tokens
+            if cost is not None:
+                attributes["zml.cost.amount"] = cost.amount
+                attributes["zml.cost.currency"] = cost.currency
+                attributes["zml.cost.basis"] = cost.basis
+            span.set_attributes(attributes)
+        span.end()
         metric_attrs = self._metric_attributes(call, host, routing.accelerator)
         metric_attrs["gen_ai.response.model"] = call.model
         duration, tokens = self._histograms()
@@ -224,30 +254,31 @@ class OpenTelemetryPlugin:
     @hookimpl
     def zml_request_failed(self, call: Call, error: ZMLError) -> None:
         """Finish the span with status ERROR and ``error.type``; record the duration."""
+        span: Span | None = call.state.pop(_SPAN, None)
+        if span is None:
+            return
         from opentelemetry.trace import Status, StatusCode
 
         error_type = type(error).__name__
-        span: Span | None = call.state.pop(_SPAN, None)
         routing = getattr(error, "routing", None)
         host = accelerator = None
         if routing is not None:
             host, _ = _split_address(routing.server_address)
             accelerator = routing.accelerator
-        if span is not None:
-            if span.is_recording():
-                span.set_attribute("error.type", error_type)
-                span.set_attribute("zml.attempts", len(call.attempts))
-                context = getattr(error, "routing_context", None)
-                if isinstance(context, Mapping):
-                    final = context.get("final_error")
-                    if final:
-                        span.set_attribute("zml.final_error", str(final))
-                    if not call.attempts:
-                        # no decision was made, so no routed event listed the families
-                        _family_events(span, context.get("evaluated") or ())
-                span.record_exception(error)
-                span.set_status(Status(StatusCode.ERROR, _first_line(error)))
-            span.end()
+        if span.is_recording():
+            span.set_attribute("error.type", error_type)
+            span.set_attribute("zml.attempts", len(call.attempts))
+            context = getattr(error, "routing_context", None)
+            if isinstance(context, Mapping):
+                final = context.get("final_error")
+                if final:
+                    span.set_attribute("zml.final_error", str(final))
+                if not call.attempts:
+                    # no decision was made, so no routed event listed the families
+                    _family_events(span, context.get("evaluated") or ())
+            span.record_exception(error)
+            span.set_status(Status(StatusCode.ERROR, _first_line(error)))
+        span.end()
         metric_attrs = self._metric_attributes(call, host, accelerator)
         metric_attrs["error.type"] = error_type
         duration, _ = self._histograms()

@@ -1,0 +1,98 @@
+"""The zml-policy-sqlite command: writes are validated against the fleet before they happen."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from zml_policy_sqlite import PolicyStore
+from zml_policy_sqlite.cli import run
+
+
+def cli(*args: str | Path) -> int:
+    return run([str(a) for a in args])
+
+
+def test_add_update_list_show_rm(
+    db: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli("add", "fast", "--db", db, "--config", config, "--chain", "MI300X,H100",
+               "--latency-target-ms", "300", "--queue-on-saturation") == 0
+    assert cli("add", "batch", "--db", db, "--config", config,
+               "--json", '{"accelerator_chain": ["MI300X"], "cost_priority": "cost"}') == 0
+    with PolicyStore(db) as store:
+        assert store.get("fast") == {"accelerator_chain": ["MI300X", "H100"],
+                                     "latency_target_ms": 300.0, "queue_on_saturation": True}
+    assert cli("update", "fast", "--db", db, "--config", config, "--cost-priority", "cost",
+               "--unset", "latency_target_ms", "--no-queue-on-saturation") == 0
+    with PolicyStore(db) as store:
+        assert store.get("fast") == {"accelerator_chain": ["MI300X", "H100"],
+                                     "cost_priority": "cost", "queue_on_saturation": False}
+    capsys.readouterr()
+    assert cli("list", "--db", db) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("batch\tMI300X\tcost_priority=cost")
+    assert out[1].startswith("fast\tMI300X,H100\t")
+    assert cli("list", "--db", db, "--json") == 0
+    assert set(json.loads(capsys.readouterr().out)) == {"batch", "fast"}
+    assert cli("show", "fast", "--db", db) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "fast"
+    assert cli("rm", "fast", "--db", db) == 0
+    with PolicyStore(db) as store:
+        assert [name for name, _ in store.items()] == ["batch"]
+
+
+def test_invalid_policy_is_refused_and_nothing_is_written(
+    db: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli("add", "bad", "--db", db, "--config", config, "--chain", "H100,MI30X") == 1
+    err = capsys.readouterr().err
+    assert "accelerator_chain[1] = 'MI30X'" in err and "did you mean 'MI300X'" in err
+    assert cli("add", "ok", "--db", db, "--config", config, "--chain", "H100") == 0
+    assert cli("update", "ok", "--db", db, "--config", config, "--cost-priority", "cots") == 1
+    assert "did you mean 'cost'" in capsys.readouterr().err
+    assert cli("add", "bad2", "--db", db, "--config", config,
+               "--json", '{"accelerator_chain": ["H100"], "latency_target": 5}') == 1
+    assert "did you mean 'latency_target_ms'" in capsys.readouterr().err
+    with PolicyStore(db) as store:
+        assert store.items() == [("ok", {"accelerator_chain": ["H100"]})]
+
+
+def test_store_errors(db: Path, config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli("add", "p", "--db", db, "--config", config, "--chain", "H100") == 0
+    assert cli("add", "p", "--db", db, "--config", config, "--chain", "H100") == 1
+    assert "already exists" in capsys.readouterr().err
+    assert cli("update", "nope", "--db", db, "--config", config, "--chain", "H100") == 1
+    assert cli("rm", "nope", "--db", db) == 1
+    assert cli("show", "nope", "--db", db) == 1
+    assert "no policy 'nope'" in capsys.readouterr().err
+
+
+def test_db_defaults_to_the_environment(
+    db: Path, config: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli("add", "p", "--config", config, "--chain", "H100") == 0
+    assert db.exists()
+    monkeypatch.delenv("ZML_POLICY_SQLITE_DB")
+    with pytest.raises(SystemExit) as info:
+        cli("list")
+    assert info.value.code == 2
+    assert "ZML_POLICY_SQLITE_DB" in capsys.readouterr().err
+
+
+def test_console_script_and_module(db: Path, config: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZML_")}
+    script = Path(sys.executable).parent / "zml-policy-sqlite"
+    added = subprocess.run([str(script), "add", "p", "--db", str(db), "--config", str(config),
+                            "--chain", "H100"], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert added.returncode == 0, added.stderr
+    listed = subprocess.run([sys.executable, "-m", "zml_policy_sqlite", "list", "--db", str(db)],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.startswith("p\tH100")

@@ -1,0 +1,104 @@
+"""The plugin, loaded through its entry point: clients use the database's policies, live."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import httpx2
+import pytest
+import zml
+from zml_policy_sqlite import SQLitePolicySource
+from zml_policy_sqlite.cli import run
+
+from .conftest import answer
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def client(config: Path) -> zml.Client:
+    return zml.Client(config=config,
+                      http_client=httpx2.Client(transport=httpx2.MockTransport(answer)))
+
+
+def add(db: Path, config: Path, name: str, chain: str, command: str = "add") -> None:
+    assert run([command, name, "--db", str(db), "--config", str(config), "--chain", chain]) == 0
+
+
+def test_loaded_through_its_entry_point(db: Path, config: Path) -> None:
+    c = client(config)
+    assert c.plugins.has_plugin("policy_sqlite")
+    assert c.plugins.get_plugin("policy_sqlite").__name__ == "zml_policy_sqlite.plugin"
+    assert any(isinstance(s, SQLitePolicySource) for s in c.policies.sources)  # type: ignore[attr-defined]
+
+
+def test_without_the_variable_it_registers_nothing(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ZML_POLICY_SQLITE_DB", raising=False)
+    c = client(config)
+    assert c.plugins.has_plugin("policy_sqlite")
+    assert not any(isinstance(s, SQLitePolicySource) for s in c.policies.sources)  # type: ignore[attr-defined]
+
+
+def test_stored_policy_is_used_and_edits_are_seen_without_restart(
+    db: Path, config: Path
+) -> None:
+    add(db, config, "llama", "MI300X,H100")
+    with client(config) as c:
+        assert c.infer("m", MSGS, policy="llama").routing.accelerator == "MI300X"
+        add(db, config, "llama", "H100", command="update")
+        r = c.infer("m", MSGS, policy="llama")
+        assert r.routing.accelerator == "H100" and r.routing.policy == "llama"
+        # a policy added after the client started (the earlier miss is not kept)
+        with pytest.raises(zml.PolicyConfigError, match="unknown policy 'later'"):
+            c.infer("m", MSGS, policy="later")
+        add(db, config, "later", "MI300X")
+        assert c.infer("m", MSGS, policy="later").routing.accelerator == "MI300X"
+        assert run(["rm", "later", "--db", str(db)]) == 0
+        with pytest.raises(zml.PolicyConfigError, match="unknown policy 'later'"):
+            c.infer("m", MSGS, policy="later")
+
+
+def test_async_client_sees_edits_too(db: Path, config: Path) -> None:
+    add(db, config, "llama", "MI300X")
+
+    async def main() -> list[str]:
+        http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
+        async with zml.AsyncClient(config=config, http_client=http) as c:
+            first = await c.infer("m", MSGS, policy="llama")
+            add(db, config, "llama", "H100", command="update")
+            second = await c.infer("m", MSGS, policy="llama")
+            return [first.routing.accelerator, second.routing.accelerator]
+
+    assert asyncio.run(main()) == ["MI300X", "H100"]
+
+
+def test_database_wins_over_zml_toml(db: Path, config: Path) -> None:
+    with client(config) as c:
+        assert c.infer("m", MSGS, policy="prod").routing.accelerator == "H100"
+        add(db, config, "prod", "MI300X")
+        assert c.infer("m", MSGS, policy="prod").routing.accelerator == "MI300X"
+        assert sorted(c.policies) == ["prod"]
+
+
+def test_hand_edited_invalid_row_fails_with_policy_config_error(db: Path, config: Path) -> None:
+    add(db, config, "p", "H100")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE zml_policies SET fields = ? WHERE name = 'p'",
+                     ('{"accelerator_chain": ["TPU"]}',))
+    with client(config) as c, pytest.raises(zml.PolicyConfigError) as info:
+        c.infer("m", MSGS, policy="p")
+    assert f"sqlite:{db}" in str(info.value) and "'TPU'" in str(info.value)
+
+
+def test_version_changes_only_on_other_connections_commits(tmp_path: Path) -> None:
+    source = SQLitePolicySource(tmp_path / "v.db", poll_interval_s=0)
+    before = source.version()
+    assert source.version() == before and source.list() == []
+    with sqlite3.connect(tmp_path / "v.db") as conn:
+        conn.execute("INSERT INTO zml_policies VALUES ('x', '{}', 'now')")
+    assert source.version() != before
+    assert source.get("x") == {"name": "x"} and source.get("y") is None
+    source.close()

@@ -1,0 +1,109 @@
+"""Fleet sources: nodes and families from plugins join the registry policies validate against."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zml
+from zml.config import AcceleratorConfig, NodeConfig
+
+
+class Lab:
+    name = "lab-inventory"
+
+    def __init__(self, nodes: list[Any] | None = None) -> None:
+        self._nodes = nodes if nodes is not None else [
+            {"id": "l40s-1", "family": "L40S", "url": "http://l40s-1:9000", "models": ["m"],
+             "max_concurrency": 3},
+            NodeConfig(id="h100-lab", family="H100", url="http://h100-lab:9000",
+                       models=("m",), max_concurrency=1),
+        ]
+
+    def families(self) -> dict[str, Any]:
+        return {"L40S": {"cost_per_hour": 1.8}, "H100": AcceleratorConfig(cost_per_hour=99.0)}
+
+    def nodes(self) -> list[Any]:
+        return self._nodes
+
+
+class LabPlugin:
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    @zml.hookimpl
+    def zml_register_fleet_sources(self, register: Callable[[Any], None]) -> None:
+        register(self.source)
+
+
+@pytest.fixture
+def lab_plugin() -> Iterator[Callable[[Any], None]]:
+    names: list[str] = []
+
+    def install(source: Any) -> None:
+        name = f"lab-{len(names)}"
+        zml.plugins.register(LabPlugin(source), name=name)
+        names.append(name)
+
+    yield install
+    for name in names:
+        zml.plugins.unregister(name=name)
+
+
+def test_fleet_source_adds_families_and_nodes(
+    config: Path, lab_plugin: Callable[[Any], None]
+) -> None:
+    lab_plugin(Lab())
+    client = zml.Client(config=config)
+    reg = client.registry
+    assert list(reg.families) == ["H100", "MI300X", "A10", "L40S"]  # zml.toml's first
+    assert reg.families["H100"].cost_per_hour == 3.6  # the first declaration wins
+    assert [n.id for n in reg.nodes][-2:] == ["l40s-1", "h100-lab"]
+    assert client.fleet.node("l40s-1").max_concurrency == 3
+    # a Policy may name the plugin's family: the client's registry is the active one
+    policy = zml.Policy(name="lab", accelerator_chain=["L40S", "H100"])
+    assert client.policy(policy) is policy
+
+
+def test_duplicate_node_from_a_source_names_it(
+    config: Path, lab_plugin: Callable[[Any], None]
+) -> None:
+    lab_plugin(Lab([{"id": "h100-a", "family": "H100", "url": "http://x:1", "models": ["m"],
+                     "max_concurrency": 1}]))
+    with pytest.raises(zml.PolicyConfigError, match=r"lab-inventory.*'h100-a' is a duplicate"):
+        zml.Client(config=config)
+
+
+def test_invalid_node_from_a_source_names_it(
+    config: Path, lab_plugin: Callable[[Any], None]
+) -> None:
+    lab_plugin(Lab([{"id": "bad", "family": "L40S", "url": "ftp://x", "models": ["m"],
+                     "max_concurrency": 1}]))
+    with pytest.raises(zml.PolicyConfigError, match=r"lab-inventory.*nodes\[0\].*url"):
+        zml.Client(config=config)
+
+
+def test_routes_to_a_plugin_node(
+    config: Path, lab_plugin: Callable[[Any], None]
+) -> None:
+    import httpx2
+
+    from .conftest import completion
+
+    lab_plugin(Lab())
+    http = httpx2.Client(transport=httpx2.MockTransport(
+        lambda req: httpx2.Response(200, json=completion("m", req.url.host))))
+    with zml.Client(config=config, http_client=http) as client:
+        r = client.infer(model="m", messages=[{"role": "user", "content": "x"}],
+                         policy={"name": "lab", "accelerator_chain": ["L40S"]})
+    assert r.routing.node_id == "l40s-1"
+    assert r.routing.cost is not None and r.routing.cost.basis == "node_seconds"
+
+
+def test_fleet_plugin_on_a_built_client_warns(config: Path) -> None:
+    client = zml.Client(config=config)
+    with pytest.warns(UserWarning, match="already built its fleet"):
+        client.plugins.register(LabPlugin(Lab()), name="late-lab")
+    assert "L40S" not in client.registry.families

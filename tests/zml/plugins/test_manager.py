@@ -1,0 +1,210 @@
+"""Loading plugins: entry points, the switches, failures, validation, order."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pluggy
+import pytest
+import zml
+from zml.plugins.manager import PluginManager, discover, register_defaults
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def fake_dist(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[dict[str, str]], dict[str, str]]]:
+    """Install a fake distribution ``fakeplug-N``: entry point name -> module source (None:
+    a module that does not exist). Returns entry point name -> module name."""
+    created: list[str] = []
+
+    def make(plugins: dict[str, str | None]) -> dict[str, str]:
+        n = next(_counter)
+        site = tmp_path / f"site{n}"
+        info = site / f"fakeplug{n}-1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fakeplug{n}\nVersion: 1.0\n")
+        lines = ["[zml]"]
+        modules = {}
+        for ep, source in plugins.items():
+            module = f"fake_{ep}_{n}"
+            modules[ep] = module
+            lines.append(f"{ep} = {module}")
+            if source is not None:
+                (site / f"{module}.py").write_text(textwrap.dedent(source))
+                created.append(module)
+        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        monkeypatch.syspath_prepend(str(site))
+        modules["dist"] = f"fakeplug{n}"
+        return modules
+
+    yield make
+    for module in created:
+        sys.modules.pop(module, None)
+
+
+GOOD = """
+import zml
+
+@zml.hookimpl
+def zml_attribute_cost(metadata):
+    return zml.Cost(amount=1.0, basis=__name__)
+"""
+TYPO = """
+import zml
+
+@zml.hookimpl
+def zml_request_complete(cost):
+    pass
+"""
+
+
+def names(pm: PluginManager) -> set[str]:
+    return {name for name, plugin in pm.list_name_plugin() if plugin is not None}
+
+
+def test_autoload_loads_good_and_warns_once_for_each_bad(fake_dist: Any) -> None:
+    mods = fake_dist({"good": GOOD, "broken": None, "typo": TYPO})
+    pm = PluginManager()
+    with pytest.warns(RuntimeWarning) as record:
+        loaded = discover(pm, {})
+    messages = [str(w.message) for w in record]
+    assert ("good", mods["dist"]) in loaded
+    assert "good" in names(pm) and "broken" not in names(pm) and "typo" not in names(pm)
+    broken = [m for m in messages if "'broken'" in m]
+    assert len(broken) == 1 and "failed to import" in broken[0] and mods["dist"] in broken[0]
+    assert "ModuleNotFoundError" in broken[0]
+    typo = [m for m in messages if "'typo'" in m]
+    assert len(typo) == 1 and "unknown hook 'zml_request_complete'" in typo[0]
+
+
+def test_disable_autoload(fake_dist: Any) -> None:
+    fake_dist({"good": GOOD})
+    pm = PluginManager()
+    assert discover(pm, {"ZML_DISABLE_PLUGIN_AUTOLOAD": "1"}) == []
+    assert names(pm) == set()
+
+
+def test_zml_plugins_selects_by_entry_point_or_distribution(fake_dist: Any) -> None:
+    mods = fake_dist({"good": GOOD, "other": GOOD})
+    pm = PluginManager()
+    discover(pm, {"ZML_DISABLE_PLUGIN_AUTOLOAD": "1", "ZML_PLUGINS": "good"})
+    assert names(pm) == {"good"}
+    pm = PluginManager()
+    discover(pm, {"ZML_PLUGINS": f" {mods['dist']} "})
+    assert names(pm) == {"good", "other"}
+    pm = PluginManager()
+    assert discover(pm, {"ZML_PLUGINS": ""}) == []
+    with pytest.warns(RuntimeWarning, match="not installed: nothere"):
+        discover(PluginManager(), {"ZML_PLUGINS": "good,nothere"})
+
+
+def test_installed_plugins_are_called_in_entry_point_name_order(fake_dist: Any) -> None:
+    mods = fake_dist({"b_second": GOOD, "a_first": GOOD})
+    pm = PluginManager()
+    register_defaults(pm)
+    discover(pm, {"ZML_PLUGINS": mods["dist"]})
+    called = [impl.plugin_name for impl in pm.impls("zml_attribute_cost")]
+    assert called == ["a_first", "b_second", "zml.cost"]
+
+
+def test_misspelled_hook_in_code_is_refused() -> None:
+    class Typo:
+        @zml.hookimpl
+        def zml_request_complete(self) -> None: ...
+
+    pm = PluginManager()
+    with pytest.raises(pluggy.PluginValidationError, match="zml_request_complete"):
+        pm.register(Typo(), name="typo")
+    assert not pm.has_plugin("typo")
+
+
+def test_bad_argument_name_is_refused() -> None:
+    class Wrong:
+        @zml.hookimpl
+        def zml_request_completed(self, response: Any) -> None: ...
+
+    with pytest.raises(pluggy.PluginValidationError, match="response"):
+        PluginManager().register(Wrong(), name="wrong")
+
+
+def test_optional_hooks_are_allowed() -> None:
+    class Future:
+        @zml.hookimpl(optionalhook=True)
+        def zml_node_probed(self) -> None: ...
+
+    assert PluginManager().register(Future(), name="future") == "future"
+
+
+def test_wrappers_on_notification_hooks_are_refused() -> None:
+    class Wrapper:
+        @zml.hookimpl(wrapper=True)
+        def zml_attribute_cost(self) -> Any:
+            return (yield)
+
+    pm = PluginManager()
+    with pytest.raises(pluggy.PluginValidationError, match="wrapper"):
+        pm.register(Wrapper(), name="wrapper")
+    assert not pm.has_plugin("wrapper")
+
+
+def test_defaults_are_plugins() -> None:
+    client = zml.Client(config=None)
+    assert {"zml.static_fleet", "zml.toml_policies", "zml.cost", "zml.otel"} <= names(
+        client.plugins)
+    client.plugins.set_blocked("zml.otel")
+    assert not client.plugins.has_plugin("zml.otel") and client.plugins.is_blocked("zml.otel")
+    assert client.plugins.copy().is_blocked("zml.otel")
+
+
+def _python(code: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    import os
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ZML_")}
+    environ.update(env or {})
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environ,
+                         capture_output=True, text=True, timeout=60, check=True)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+CHECK_MODULES = """
+import json, sys
+{setup}
+bad = sorted(m for m in sys.modules if m.startswith(("zml.plugins.manager",
+             "zml.plugins.default", "zml_policy_sqlite", "opentelemetry.sdk")))
+print(json.dumps({{"bad": bad, "otel": sorted(m for m in sys.modules
+                                            if m.startswith("opentelemetry"))[:3],
+                   "plugins": {plugins}}}))
+"""
+
+
+def test_import_zml_loads_no_plugin() -> None:
+    code = CHECK_MODULES.format(setup="import zml\nzml.hookimpl\nimport zml.plugins",
+                                plugins="[]")
+    result = _python(code, {"ZML_POLICY_SQLITE_DB": "/nonexistent/x.db"})
+    assert result["bad"] == [] and result["otel"] == []
+
+
+def test_disable_autoload_keeps_the_installed_sqlite_plugin_out(tmp_path: Path) -> None:
+    setup = "import zml\nclient = zml.Client()"
+    plugins = "[n for n, _ in client.plugins.list_name_plugin()]"
+    env = {"ZML_POLICY_SQLITE_DB": str(tmp_path / "p.db")}
+    loaded = _python(CHECK_MODULES.format(setup=setup, plugins=plugins), env)
+    assert "policy_sqlite" in loaded["plugins"]
+    assert "zml_policy_sqlite" in loaded["bad"]
+    disabled = _python(CHECK_MODULES.format(setup=setup, plugins=plugins),
+                       {**env, "ZML_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert "policy_sqlite" not in disabled["plugins"]
+    assert "zml.otel" in disabled["plugins"]
+    assert not any(m.startswith("zml_policy_sqlite") for m in disabled["bad"])
+    assert not any(m.startswith("opentelemetry.sdk") for m in disabled["bad"])

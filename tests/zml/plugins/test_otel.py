@@ -1,0 +1,184 @@
+"""The built-in OpenTelemetry plugin: spans, events and metrics per the GenAI conventions.
+
+Each test runs for the sync and the async client. Providers are passed to the plugin instance
+(the global ones can be set only once per process).
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import zml
+from opentelemetry.trace import SpanKind, StatusCode
+
+from .conftest import MSGS, Nodes
+
+
+def only_span(t: SimpleNamespace) -> Any:
+    spans = t.exporter.get_finished_spans()
+    assert len(spans) == 1, [s.name for s in spans]
+    return spans[0]
+
+
+def events(span: Any, name: str) -> list[dict[str, Any]]:
+    return [dict(e.attributes) for e in span.events if e.name == name]
+
+
+def points(reader: Any, metric: str) -> list[Any]:
+    data = reader.get_metrics_data()
+    found = []
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == metric:
+                    assert sm.scope.name == "zml"
+                    found.extend(m.data.data_points)
+    return found
+
+
+def test_success_span_attributes_events_and_metrics(traced: SimpleNamespace) -> None:
+    r = traced.driver.infer(policy="prod", metadata={"team": "search"})
+    assert r.routing.node_id == "h100-a"
+    span = only_span(traced)
+    assert span.name == "chat m"
+    assert span.kind == SpanKind.CLIENT
+    a = span.attributes
+    assert a["gen_ai.operation.name"] == "chat"
+    assert a["gen_ai.provider.name"] == "zml" and a["gen_ai.system"] == "zml"
+    assert a["gen_ai.request.model"] == "m" and a["gen_ai.response.model"] == "m"
+    assert a["gen_ai.usage.input_tokens"] == 3 and a["gen_ai.usage.output_tokens"] == 5
+    assert a["server.address"] == "h100-a" and a["server.port"] == 8000
+    assert a["zml.policy"] == "prod" and a["zml.accelerator"] == "H100"
+    assert a["zml.node_id"] == "h100-a" and a["zml.queue_depth"] == 0
+    assert a["zml.attempts"] == 1
+    assert a["zml.cost.basis"] == "node_seconds" and a["zml.cost.amount"] >= 0
+    assert span.status.status_code == StatusCode.UNSET
+    assert events(span, "zml.route.family") == [
+        {"zml.family": "H100", "zml.nodes_checked": 1}
+    ]
+    assert events(span, "zml.attempt.failed") == []
+    assert "secret prompt text" not in json.dumps(dict(a))
+
+    (duration,) = points(traced.reader, "gen_ai.client.operation.duration")
+    assert duration.count == 1 and duration.sum >= 0
+    assert duration.attributes["gen_ai.operation.name"] == "chat"
+    assert duration.attributes["gen_ai.request.model"] == "m"
+    assert duration.attributes["server.address"] == "h100-a"
+    assert "error.type" not in duration.attributes
+    tokens = {p.attributes["gen_ai.token.type"]: p.sum
+              for p in points(traced.reader, "gen_ai.client.token.usage")}
+    assert tokens == {"input": 3, "output": 5}
+
+
+def test_fallback_span_has_failed_attempt_and_both_decisions(
+    traced: SimpleNamespace, nodes: Nodes
+) -> None:
+    nodes.status["h100-a"] = 503
+    r = traced.driver.infer(policy="prod")
+    assert r.routing.accelerator == "MI300X"
+    assert [a.node_id for a in r.routing.attempts] == ["h100-a"]
+    span = only_span(traced)
+    a = span.attributes
+    assert a["zml.accelerator"] == "MI300X" and a["zml.node_id"] == "mi-a"
+    assert a["server.address"] == "mi-a" and a["zml.attempts"] == 2
+    assert a["zml.cost.basis"] == "tokens" and a["zml.cost.amount"] == pytest.approx(0.004)
+    assert events(span, "zml.attempt.failed") == [
+        {"zml.attempt": 1, "zml.node_id": "h100-a", "zml.accelerator": "H100",
+         "error.type": "unavailable", "http.response.status_code": 503}
+    ]
+    # the first decision chose H100; the second rejected it (tried) and chose MI300X
+    assert events(span, "zml.route.family") == [
+        {"zml.family": "H100", "zml.nodes_checked": 1},
+        {"zml.family": "H100", "zml.nodes_checked": 1,
+         "zml.rejected_reason": "excluded_after_failure"},
+        {"zml.family": "MI300X", "zml.nodes_checked": 1},
+    ]
+    assert span.status.status_code == StatusCode.UNSET
+
+
+def test_routing_error_no_viable_node(traced: SimpleNamespace) -> None:
+    with pytest.raises(zml.RoutingError) as info:
+        traced.driver.infer(model="not-served", policy="prod")
+    assert info.value.routing_context["final_error"] == "no_viable_node"
+    span = only_span(traced)
+    assert span.name == "chat not-served"
+    assert span.status.status_code == StatusCode.ERROR
+    assert "no_viable_node" in span.status.description
+    assert span.attributes["error.type"] == "RoutingError"
+    assert span.attributes["zml.final_error"] == "no_viable_node"
+    assert span.attributes["zml.policy"] == "prod"
+    families = events(span, "zml.route.family")
+    assert [e["zml.family"] for e in families] == ["H100", "MI300X"]
+    assert all("zml.rejected_reason" in e for e in families)
+    assert events(span, "exception")
+    (duration,) = points(traced.reader, "gen_ai.client.operation.duration")
+    assert duration.attributes["error.type"] == "RoutingError"
+    assert points(traced.reader, "gen_ai.client.token.usage") == []
+
+
+def test_routing_error_after_failed_attempts(traced: SimpleNamespace, nodes: Nodes) -> None:
+    nodes.status["h100-a"] = 503
+    with pytest.raises(zml.RoutingError) as info:
+        traced.driver.infer(policy="h100only")
+    assert info.value.routing_context["final_error"] == "attempts_exhausted"
+    span = only_span(traced)
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes["error.type"] == "RoutingError"
+    assert span.attributes["zml.final_error"] == "attempts_exhausted"
+    assert len(events(span, "zml.attempt.failed")) == 1
+    assert [e["zml.family"] for e in events(span, "zml.route.family")] == ["H100"]
+
+
+def test_node_error_sets_error_type(traced: SimpleNamespace, nodes: Nodes) -> None:
+    nodes.status["h100-a"] = 400
+    with pytest.raises(zml.BadRequestError):
+        traced.driver.infer(policy="prod")
+    span = only_span(traced)
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes["error.type"] == "BadRequestError"
+
+
+def test_stream_span_ends_after_the_last_chunk(traced: SimpleNamespace) -> None:
+    stream, chunks = traced.driver.stream(policy="prod")
+    assert len(chunks) >= 2
+    span = only_span(traced)
+    assert span.name == "chat m"
+    assert span.attributes["gen_ai.usage.output_tokens"] == 2
+    assert span.attributes["zml.node_id"] == "h100-a"
+    assert stream.routing.cost is not None
+
+
+def test_stream_closed_early_is_cancelled_not_error(traced: SimpleNamespace) -> None:
+    traced.driver.stream(stop_after=1, policy="prod")
+    span = only_span(traced)
+    assert span.attributes["zml.cancelled"] is True
+    assert span.status.status_code == StatusCode.UNSET
+
+
+def test_content_captured_only_when_opted_in(
+    traced: SimpleNamespace, otel: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    traced.driver.infer(policy="prod")
+    monkeypatch.setenv("ZML_TELEMETRY_CAPTURE_CONTENT", "1")
+    traced.driver.infer(policy="prod")
+    first, second = traced.exporter.get_finished_spans()
+    assert "gen_ai.input.messages" not in first.attributes
+    assert json.loads(second.attributes["gen_ai.input.messages"]) == MSGS
+
+
+def test_without_configured_providers_nothing_is_recorded(driver: Any) -> None:
+    from opentelemetry import trace
+    from zml.plugins.default.otel import OpenTelemetryPlugin
+
+    plugin = OpenTelemetryPlugin()  # global providers, fetched lazily
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        pytest.skip("a global tracer provider was configured in this process")
+    assert not plugin.enabled()
+    driver.plugins.unregister(name="zml.otel")
+    driver.plugins.register(plugin, name="zml.otel")
+    assert driver.infer(policy="prod").routing.node_id == "h100-a"
+    assert type(plugin.tracer).__name__ == "ProxyTracer"  # resolves once one is set
+    assert OpenTelemetryPlugin(tracer_provider=trace.NoOpTracerProvider()).enabled()

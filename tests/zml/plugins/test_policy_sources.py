@@ -1,0 +1,180 @@
+"""Policy sources: precedence, live changes, validation, and cheap lookups."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zml
+from zml.plugins.policy_sources import SourcePolicies
+
+from .conftest import Driver
+
+
+class DictSource:
+    """A policy source over a dict; ``version()`` counts edits, ``reads`` counts get()s."""
+
+    def __init__(self, policies: dict[str, Any], name: str = "dict", versioned: bool = True):
+        self.policies = policies
+        self.name = name
+        self.edits = 0
+        self.reads = 0
+        if not versioned:
+            self.version = None  # type: ignore[assignment]
+
+    def get(self, name: str) -> Mapping[str, Any] | None:
+        self.reads += 1
+        return self.policies.get(name)
+
+    def list(self) -> list[str]:
+        return list(self.policies)
+
+    def version(self) -> int:
+        return self.edits
+
+    def edit(self, name: str, fields: dict[str, Any]) -> None:
+        self.policies[name] = fields
+        self.edits += 1
+
+
+class SourcePlugin:
+    def __init__(self, *sources: Any) -> None:
+        self.sources = sources
+
+    @zml.hookimpl
+    def zml_register_policy_sources(self, register: Callable[[Any], None]) -> None:
+        for source in self.sources:
+            register(source)
+
+
+def test_plugin_source_wins_over_toml_and_toml_fills_in(driver: Driver) -> None:
+    source = DictSource({"prod": {"accelerator_chain": ["MI300X"]}})
+    driver.plugins.register(SourcePlugin(source), name="dict-policies")
+    assert driver.infer(policy="prod").routing.accelerator == "MI300X"
+    assert driver.infer(policy="h100only").routing.accelerator == "H100"  # zml.toml's
+    assert list(driver.client.policies) == ["prod", "h100only", "cheap"]
+    assert driver.client.policies["prod"].accelerator_chain == ("MI300X",)
+
+
+def test_first_registered_source_of_a_plugin_wins_and_later_plugins_come_first(
+    driver: Driver,
+) -> None:
+    first = DictSource({"x": {"accelerator_chain": ["MI300X"]}}, name="first")
+    second = DictSource({"x": {"accelerator_chain": ["A10"]}}, name="second")
+    driver.plugins.register(SourcePlugin(first, second), name="one")
+    assert driver.client.policies["x"].accelerator_chain == ("MI300X",)
+    later = DictSource({"x": {"accelerator_chain": ["H100"]}}, name="later")
+    driver.plugins.register(SourcePlugin(later), name="two")
+    assert driver.client.policies["x"].accelerator_chain == ("H100",)
+    driver.plugins.unregister(name="two")
+    assert driver.client.policies["x"].accelerator_chain == ("MI300X",)
+
+
+def test_edit_is_seen_without_restart_and_lookups_are_cached(driver: Driver) -> None:
+    source = DictSource({"live": {"accelerator_chain": ["H100"]}})
+    driver.plugins.register(SourcePlugin(source), name="dict-policies")
+    assert driver.infer(policy="live").routing.accelerator == "H100"
+    reads = source.reads
+    for _ in range(5):
+        driver.infer(policy="live")
+    assert source.reads == reads  # cached while the version does not change
+    source.edit("live", {"accelerator_chain": ["MI300X"]})
+    assert driver.infer(policy="live").routing.accelerator == "MI300X"
+    source.edit("new-one", {"accelerator_chain": ["A10"]})
+    assert driver.infer(policy="new-one").routing.accelerator == "A10"
+
+
+def test_subscribe_notifies_change(driver: Driver) -> None:
+    class Pushing(DictSource):
+        def __init__(self) -> None:
+            super().__init__({"p": {"accelerator_chain": ["H100"]}}, versioned=False)
+            self.callbacks: list[Callable[[], None]] = []
+
+        def subscribe(self, callback: Callable[[], None]) -> None:
+            self.callbacks.append(callback)
+
+    source = Pushing()
+    driver.plugins.register(SourcePlugin(source), name="pushing")
+    assert driver.client.policies["p"].accelerator_chain == ("H100",)
+    source.policies["p"] = {"accelerator_chain": ["MI300X"]}
+    assert driver.client.policies["p"].accelerator_chain == ("H100",)  # not told yet
+    worker = threading.Thread(target=lambda: [cb() for cb in source.callbacks])
+    worker.start()
+    worker.join()
+    assert driver.client.policies["p"].accelerator_chain == ("MI300X",)
+
+
+def test_invalid_policy_from_a_source_is_a_policy_config_error(driver: Driver) -> None:
+    source = DictSource({"typo": {"accelerator_chain": ["H10"]},
+                         "badfield": {"accelerator_chain": ["H100"], "cost_priorty": "cost"},
+                         "notadict": 42},
+                        name="my-store")
+    driver.plugins.register(SourcePlugin(source), name="bad-policies")
+    with pytest.raises(zml.PolicyConfigError) as info:
+        driver.infer(policy="typo")
+    assert "my-store" in str(info.value) and "'H10'" in str(info.value)
+    assert info.value.suggestion == "H100" and info.value.source == "my-store"
+    with pytest.raises(zml.PolicyConfigError, match="did you mean 'cost_priority'"):
+        driver.infer(policy="badfield")
+    with pytest.raises(zml.PolicyConfigError, match="my-store"):
+        driver.infer(policy="notadict")
+    source.edit("typo", {"accelerator_chain": ["H100"]})  # a fix is seen at once
+    assert driver.infer(policy="typo").routing.accelerator == "H100"
+
+
+def test_a_failing_source_is_reported_as_a_config_error(driver: Driver) -> None:
+    class Down(DictSource):
+        def get(self, name: str) -> Any:
+            raise OSError("store unreachable")
+
+    driver.plugins.register(SourcePlugin(Down({}, name="down")), name="down")
+    with pytest.raises(zml.PolicyConfigError, match=r"'down' failed .*store unreachable"):
+        driver.infer(policy="prod")
+
+
+def test_unknown_name_lists_every_source(driver: Driver) -> None:
+    driver.plugins.register(SourcePlugin(DictSource({"batch": {"accelerator_chain": ["A10"]}})),
+                            name="dict-policies")
+    with pytest.raises(zml.PolicyConfigError) as info:
+        driver.infer(policy="bacth")
+    assert "did you mean 'batch'" in str(info.value)
+    assert "prod" in str(info.value)
+
+
+def test_a_source_may_return_a_policy(driver: Driver) -> None:
+    policy = zml.Policy(name="obj", accelerator_chain=["MI300X"])
+    source = DictSource({})
+    source.policies["obj"] = policy
+    driver.plugins.register(SourcePlugin(source), name="objs")
+    assert driver.client.policies["obj"] is policy
+
+
+def test_register_rejects_non_sources(config: Path) -> None:
+    class Wrong:
+        @zml.hookimpl
+        def zml_register_policy_sources(self, register: Callable[[Any], None]) -> None:
+            register(object())
+
+    client = zml.Client(config=config)
+    client.plugins.register(Wrong(), name="wrong")  # sources are collected at the next lookup
+    with pytest.raises(TypeError, match="get\\(name\\) and list\\(\\)"):
+        client.policies.get("prod")
+
+
+def test_toml_policies_are_validated_when_the_client_is_built(tmp_path: Path) -> None:
+    path = tmp_path / "zml.toml"
+    path.write_text('[accelerators.H100]\n[policies.p]\naccelerator_chain = ["H10"]\n')
+    with pytest.raises(zml.PolicyConfigError, match=r"\[policies\.p\].*did you mean 'H100'"):
+        zml.Client(config=path)
+
+
+def test_mapping_is_the_dispatchers(driver: Driver) -> None:
+    policies = driver.client.policies
+    assert isinstance(policies, SourcePolicies)
+    assert "prod" in policies and "nope" not in policies and len(policies) == 3
+    assert policies.get("nope") is None
+    with pytest.raises(KeyError):
+        policies["nope"]
