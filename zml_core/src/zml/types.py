@@ -8,7 +8,7 @@ streaming hot path must stay within a few microseconds per chunk.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -196,44 +196,66 @@ class ChatCompletionChunk(_Open):
     routing: RoutingInfo
 
 
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def trusted(cls: type[_M], values: dict[str, Any]) -> _M:
+    """An instance of ``cls`` from ``values`` naming every field, without validation.
+
+    The result equals ``cls.model_construct(**values)`` (a test holds it to that) at a third of
+    the cost: it fills pydantic v2's instance slots directly instead of walking the fields.
+    Only for data zml has already parsed (a node's JSON chunk), on the streaming hot path.
+    """
+    obj = cls.__new__(cls)
+    object.__setattr__(obj, "__dict__", values)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(values))
+    object.__setattr__(obj, "__pydantic_extra__", {} if cls.model_config.get("extra") == "allow"
+                       else None)
+    object.__setattr__(obj, "__pydantic_private__", None)
+    return obj
+
+
+def _tool_call_delta(tc: dict[str, Any]) -> ChoiceDeltaToolCall:
+    fn = tc.get("function")
+    return trusted(ChoiceDeltaToolCall, {
+        "index": tc.get("index", 0),
+        "id": tc.get("id"),
+        "type": tc.get("type"),
+        "function": None if fn is None else trusted(
+            ChoiceDeltaToolCallFunction, {"name": fn.get("name"), "arguments": fn.get("arguments")}
+        ),
+    })
+
+
 def build_chunk(data: dict[str, Any], routing: RoutingInfo) -> ChatCompletionChunk:
     """A chunk from a node's decoded JSON, without validation (the hot path)."""
     choices = []
     for c in data.get("choices") or ():
         d = c.get("delta") or {}
         calls = d.get("tool_calls")
-        if calls:
-            calls = [
-                ChoiceDeltaToolCall.model_construct(
-                    index=tc.get("index", 0),
-                    id=tc.get("id"),
-                    type=tc.get("type"),
-                    function=ChoiceDeltaToolCallFunction.model_construct(
-                        name=(tc.get("function") or {}).get("name"),
-                        arguments=(tc.get("function") or {}).get("arguments"),
-                    )
-                    if tc.get("function") is not None
-                    else None,
-                )
-                for tc in calls
-            ]
-        delta = ChoiceDelta.model_construct(
-            role=d.get("role"), content=d.get("content"), tool_calls=calls or None,
-            refusal=d.get("refusal"),
-        )
-        choices.append(
-            ChunkChoice.model_construct(
-                index=c.get("index", 0), delta=delta, finish_reason=c.get("finish_reason"),
-                logprobs=c.get("logprobs"),
-            )
-        )
+        delta = trusted(ChoiceDelta, {
+            "role": d.get("role"),
+            "content": d.get("content"),
+            "tool_calls": [_tool_call_delta(tc) for tc in calls] if calls else None,
+            "refusal": d.get("refusal"),
+        })
+        choices.append(trusted(ChunkChoice, {
+            "index": c.get("index", 0),
+            "delta": delta,
+            "finish_reason": c.get("finish_reason"),
+            "logprobs": c.get("logprobs"),
+        }))
     usage = data.get("usage")
-    return ChatCompletionChunk.model_construct(
-        id=data.get("id", ""),
-        object=data.get("object", "chat.completion.chunk"),
-        created=data.get("created", 0),
-        model=data.get("model", ""),
-        choices=choices,
-        usage=Usage.model_construct(**usage) if usage else None,
-        routing=routing,
-    )
+    return trusted(ChatCompletionChunk, {
+        "id": data.get("id", ""),
+        "object": data.get("object", "chat.completion.chunk"),
+        "created": data.get("created", 0),
+        "model": data.get("model", ""),
+        "choices": choices,
+        "usage": None if not usage else trusted(Usage, {
+            "prompt_tokens": usage.get("prompt_tokens", 0),
+            "completion_tokens": usage.get("completion_tokens", 0),
+            "total_tokens": usage.get("total_tokens", 0),
+        }),
+        "routing": routing,
+    })
