@@ -283,6 +283,11 @@ class Client(_BaseClient):
                 if isinstance(step, Wait):
                     self._wait(step)
                     continue
+                ledger = call.ledger
+                if ledger is not None:
+                    lease = call.lease_id(step)
+                    if not call.leased(step, lease, ledger.acquire(step.node, lease)):
+                        continue
                 call.sent(step)
                 try:
                     data = self._post(call, step)
@@ -406,6 +411,11 @@ class AsyncClient(_BaseClient):
                 if isinstance(step, Wait):
                     await self._wait(step)
                     continue
+                ledger = call.ledger
+                if ledger is not None:
+                    lease = call.lease_id(step)
+                    if not call.leased(step, lease, await ledger.aacquire(step.node, lease)):
+                        continue
                 call.sent(step)
                 try:
                     data = await self._post(call, step)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from .errors import (
     ZMLTimeoutError,
 )
 from .fleet import STATE_LOCK, Fleet, NodeState, Reservation, notify_capacity
+from .ledger import SlotLedger
 from .policy import Policy
 from .transport import StreamDecoder, auth_headers, completion_url, encode_body
 from .types import Attempt, Cost, RoutingInfo
@@ -530,6 +532,25 @@ class Call:
         )
 
     # --- outcomes --------------------------------------------------------------------------
+
+    @property
+    def ledger(self) -> SlotLedger | None:
+        """The cross-process slot ledger, if a plugin installed one (see :mod:`zml.ledger`)."""
+        return self.d.fleet.ledger
+
+    def lease_id(self, step: Step) -> str:
+        """An id for ``step``'s lease, unique across processes and machines."""
+        return uuid.uuid4().hex
+
+    def leased(self, step: Step, lease_id: str, granted: bool) -> bool:
+        """The ledger answered for ``step``: keep going (True) or route again (False)."""
+        if granted:
+            step.reservation.lease_id = lease_id
+            return True
+        self.d.fleet.lease_refused(step.reservation, self.d.clock())
+        self.tried.discard(step.node.id)
+        self.current = None
+        return False
 
     def sent(self, step: Step) -> None:
         """The request is about to be sent on ``step``."""

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import NodeConfig, Registry
+from .ledger import SlotLedger
 
 __all__ = [
     "CIRCUIT_COOLDOWN_S",
@@ -125,12 +126,16 @@ class NodeState:
 
 @dataclass
 class Reservation:
-    """A slot taken on a node for one attempt; :meth:`Fleet.release` gives it back once."""
+    """A slot taken on a node for one attempt; :meth:`Fleet.release` gives it back once.
+
+    ``lease_id`` is set once a cross-process ledger (see :mod:`zml.ledger`) granted a lease.
+    """
 
     node: NodeState
     taken_at: float
     trial: bool = False
     released: bool = False
+    lease_id: str | None = None
 
 
 _shared: weakref.WeakValueDictionary[tuple[Any, ...], NodeState] = weakref.WeakValueDictionary()
@@ -193,6 +198,8 @@ class Fleet:
         self._costs = {name: acc.cost_per_hour for name, acc in registry.families.items()}
         self._degraded: set[NodeState] = set()
         self._empty: tuple[NodeState, ...] = ()
+        self.ledger: SlotLedger | None = None
+        """A cross-process slot ledger (set by a shared-state plugin), or None."""
 
     # --- routing.FleetView ------------------------------------------------------------------
 
@@ -290,8 +297,20 @@ class Fleet:
             node._update_load()
             if reservation.trial:
                 node.trial_in_flight = False
+        if reservation.lease_id is not None and self.ledger is not None:
+            self.ledger.release(node, reservation.lease_id)
         notify_capacity()
         return True
+
+    def lease_refused(self, reservation: Reservation, now: float) -> None:
+        """The ledger says ``reservation``'s node is full (other processes hold its slots):
+        free the local slot and treat the node as full until the next load report."""
+        self.release(reservation)
+        node = reservation.node
+        with STATE_LOCK:
+            node.reported_load = node.max_concurrency + node.max_queue
+            node.reported_at = now
+            node._update_load()
 
     def record_success(
         self, node: NodeState, now: float, ttft_s: float | None, service_s: float | None

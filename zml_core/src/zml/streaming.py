@@ -224,6 +224,11 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]) ->
             if isinstance(step, Wait):
                 wait(step)
                 continue
+            ledger = call.ledger
+            if ledger is not None:
+                lease = call.lease_id(step)
+                if not call.leased(step, lease, ledger.acquire(step.node, lease)):
+                    continue
             call.sent(step)
             decoder = StreamDecoder(step.node.id)
             response: httpx2.Response | None = None
@@ -279,6 +284,11 @@ async def _open_async(call: Call, http: httpx2.AsyncClient,
             if isinstance(step, Wait):
                 await wait(step)
                 continue
+            ledger = call.ledger
+            if ledger is not None:
+                lease = call.lease_id(step)
+                if not call.leased(step, lease, await ledger.aacquire(step.node, lease)):
+                    continue
             call.sent(step)
             decoder = StreamDecoder(step.node.id)
             response: httpx2.Response | None = None
