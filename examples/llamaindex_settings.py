@@ -20,14 +20,15 @@ import os
 import sys
 from typing import Any
 
-import zml
 from llama_index.core import Document, MockEmbedding, Settings, VectorStoreIndex
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatEndEvent
-from llama_index.llms.zml import ZML
 from pydantic import Field
+
+import zml
+from llama_index.llms.zml import ZML
 
 MODEL = os.environ.get("ZML_MODEL", "meta-llama/llama-3-8b-instruct")
 POLICY = os.environ.get("ZML_POLICY", "llama3-production")

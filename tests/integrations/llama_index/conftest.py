@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from llama_index.core import Settings
 from llama_index.core.utils import set_global_tokenizer
+
 from llama_index.llms.zml import ZML
 from zml.sim import SimFleet, SimNodeSpec
 

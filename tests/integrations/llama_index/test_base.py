@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import zml
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.base.llms.types import (
     ChatMessage,
@@ -19,6 +18,8 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.tools import FunctionTool
+
+import zml
 from llama_index.llms.zml import ZML
 from llama_index.llms.zml.messages import to_zml_messages
 

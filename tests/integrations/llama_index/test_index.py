@@ -8,6 +8,7 @@ from collections.abc import Callable
 from llama_index.core import Document, MockEmbedding, Settings, VectorStoreIndex
 from llama_index.core.base.response.schema import StreamingResponse
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload, LlamaDebugHandler
+
 from llama_index.llms.zml import ZML
 
 POLICY = "llama3-production"  # as in conftest.py

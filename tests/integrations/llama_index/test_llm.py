@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zml
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -17,6 +16,8 @@ from llama_index.core.base.llms.types import (
     TextBlock,
 )
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+
+import zml
 from llama_index.llms.zml import ZML
 
 MODEL = "meta-llama/llama-3-8b-instruct"  # as in conftest.py

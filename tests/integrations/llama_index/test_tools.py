@@ -14,8 +14,9 @@ from llama_index.core.agent.workflow import AgentOutput, FunctionAgent, ToolCall
 from llama_index.core.base.llms.types import ChatMessage, ToolCallBlock
 from llama_index.core.prompts import PromptTemplate
 from llama_index.core.tools import FunctionTool
-from llama_index.llms.zml import ZML
 from pydantic import BaseModel
+
+from llama_index.llms.zml import ZML
 
 MODEL = "meta-llama/llama-3-8b-instruct"  # as in conftest.py
 POLICY = "llama3-production"

@@ -40,10 +40,10 @@ from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW, DEFAULT_NUM_OUTPU
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
-from llama_index.llms.zml.messages import to_zml_messages
-from llama_index.llms.zml.responses import StreamAccumulator, from_completion, parse_arguments
 
 import zml
+from llama_index.llms.zml.messages import to_zml_messages
+from llama_index.llms.zml.responses import StreamAccumulator, from_completion, parse_arguments
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
