@@ -41,7 +41,7 @@ async def main() -> None:
             model=MODEL, messages=[{"role": "user", "content": "A long essay"}],
             policy="llama3-production",
         ) as stream:
-            async for chunk in stream:
+            async for _chunk in stream:
                 break  # leaving the block closes the connection: the node drops the request
         print("in flight after cancelling:", client.fleet.in_flight)
 

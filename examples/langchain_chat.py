@@ -26,10 +26,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import zml
 from langchain_core.messages import BaseMessage
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable
+
+import zml
 from langchain_zml import ChatZML
 
 MODEL = os.environ.get("ZML_MODEL", "meta-llama/llama-3-8b-instruct")

@@ -8,8 +8,9 @@ from zml.toml; every response's cost is charged to the team in its `metadata`.
 
 from pathlib import Path
 
-import zml
 from chargeback import Chargeback, JsonPolicyPlugin
+
+import zml
 
 HERE = Path(__file__).resolve().parent
 

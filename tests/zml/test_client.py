@@ -136,7 +136,7 @@ def test_routing_is_set_and_key_is_sent_as_bearer(drive: Any, fleet: Fleet) -> N
     assert r.routing.evaluated == [{"family": "H100", "nodes_checked": 1,
                                     "rejected_reason": None}]
     assert r.routing.decision_us > 0 and r.routing.attempts == []
-    host, body, headers = fleet.calls[0]
+    _host, body, headers = fleet.calls[0]
     assert headers["authorization"] == f"Bearer {SECRET}"
     assert body == {"model": "m", "messages": MSGS, "temperature": 0.2, "seed": 7}
 

@@ -119,7 +119,7 @@ def test_streams_release_their_lease_when_closed(config: Path) -> None:
         lambda r: httpx2.Response(200, text=sse, headers={"content-type": "text/event-stream"}))
     with zml.Client(config=config, http_client=httpx2.Client(transport=transport)) as c:
         c.fleet.ledger = ledger
-        for chunk in c.infer_stream("m", MSGS, policy="prod"):
+        for _chunk in c.infer_stream("m", MSGS, policy="prod"):
             break
         with c.infer_stream("m", MSGS, policy="prod") as stream:
             assert "".join(ch.choices[0].delta.content or "" for ch in stream) == "a"

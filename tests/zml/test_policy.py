@@ -100,7 +100,7 @@ def test_bad_dict_policy_is_rejected_before_sending(client: zml.Client) -> None:
     with pytest.raises(zml.PolicyConfigError, match="TPU_v9"):
         client.infer(model="m", messages=[{"role": "user", "content": "x"}],
                      policy={"name": "x", "accelerator_chain": ["TPU_v9"]})
-    with pytest.raises(zml.PolicyConfigError, match="must be a zml.Policy"):
+    with pytest.raises(zml.PolicyConfigError, match=r"must be a zml\.Policy"):
         client.infer(model="m", messages=[{"role": "user", "content": "x"}],
                      policy=42)  # type: ignore[arg-type]
 

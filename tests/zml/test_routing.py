@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pytest
+
 from zml import routing
 from zml.routing import (
     COST_LATENCY_MARGIN,

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from zml_policy_sqlite import PolicyStore
 from zml_policy_sqlite.cli import run
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
+
 import zml
 from zml_policy_sqlite import SQLitePolicySource
 from zml_policy_sqlite.cli import run

@@ -15,12 +15,13 @@ from typing import Any
 
 import httpx2
 import pytest
-import zml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import zml
 from zml.plugins.default.otel import OpenTelemetryPlugin
 
 MODEL = "m"

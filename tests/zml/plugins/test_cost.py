@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 import zml
 from zml.config import AcceleratorConfig, NodeConfig
 from zml.plugins.default.cost import default_cost

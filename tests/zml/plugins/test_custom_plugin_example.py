@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from zml.config import load_registry
 from zml.sim import SimFleet
 from zml.sim.from_config import specs_from_registry

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 import zml
 from zml.config import AcceleratorConfig, NodeConfig
 

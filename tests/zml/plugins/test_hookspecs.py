@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 import zml
 from zml.plugins import hookspecs
 from zml.plugins.manager import NOTIFICATION_HOOKS, PluginManager

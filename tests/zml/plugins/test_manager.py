@@ -13,6 +13,7 @@ from typing import Any
 
 import pluggy
 import pytest
+
 import zml
 from zml.plugins.manager import PluginManager, discover, register_defaults
 

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 import pytest
+
 import zml
 
 from .conftest import Driver, Nodes, Recorder

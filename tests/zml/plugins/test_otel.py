@@ -11,8 +11,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import zml
 from opentelemetry.trace import SpanKind, StatusCode
+
+import zml
 
 from .conftest import MSGS, Nodes
 
@@ -171,6 +172,7 @@ def test_content_captured_only_when_opted_in(
 
 def test_without_configured_providers_nothing_is_recorded(driver: Any) -> None:
     from opentelemetry import trace
+
     from zml.plugins.default.otel import OpenTelemetryPlugin
 
     plugin = OpenTelemetryPlugin()  # global providers, fetched lazily

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 import zml
 from zml.plugins.policy_sources import SourcePolicies
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx2
 import pytest
+
 from zml.sim import SimNode, SimNodeSpec
 
 FAST = 0.001

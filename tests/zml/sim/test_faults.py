@@ -8,6 +8,7 @@ import time
 
 import httpx2
 import pytest
+
 from zml.sim import FaultSpec, SimulatedDrop
 
 

@@ -10,6 +10,7 @@ import socket
 import httpx2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
 from zml.sim import FaultSpec, SimFleet
 
 PACED = {"ttft_ms": 30, "tokens_per_s": 100}

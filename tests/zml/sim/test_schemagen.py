@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
+
 from zml.sim.schemagen import SchemaGenerationError, generate_json
 
 jsonschema = pytest.importorskip("jsonschema")

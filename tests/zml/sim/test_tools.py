@@ -1,5 +1,6 @@
 """Tool calls and structured output: when the node calls a tool, the OpenAI shapes plain and
-streamed, and arguments / content that validate against the caller's JSON Schema."""
+streamed, arguments / content that validate against the caller's JSON Schema, and what the node
+takes from the prompt (tool arguments, tools named by a word, json_object keys)."""
 
 from __future__ import annotations
 
@@ -223,10 +224,162 @@ async def test_response_format_json_object(make_node, client_for, chat):
     client = client_for(make_node())
     choice = _message(await chat(client, response_format={"type": "json_object"}))
     value = json.loads(choice["message"]["content"])
-    assert isinstance(value, dict) and value
+    # no keys named in quotes: the default object
+    assert set(value) == {"answer", "confidence"}
+    assert isinstance(value["answer"], str) and 0 <= value["confidence"] <= 1
 
 
 async def test_response_format_text_is_prose(make_node, client_for, chat):
     client = client_for(make_node())
     plain = _message(await chat(client))["message"]["content"]
     assert _message(await chat(client, response_format={"type": "text"}))["message"]["content"] == plain
+
+
+# -- what the node reads in the prompt ----------------------------------------------------------
+
+MAGIC = {
+    "type": "function",
+    "function": {
+        "name": "magic_function",
+        "description": "Apply a magic function to an input.",
+        "parameters": {
+            "type": "object",
+            "properties": {"input": {"type": "integer", "exclusiveMinimum": -1000, "exclusiveMaximum": 1000}},
+            "required": ["input"],
+        },
+    },
+}
+CUSTOMER = {
+    "type": "function",
+    "function": {
+        "name": "unicode_customer",
+        "parameters": {
+            "type": "object",
+            "properties": {"customer_name": {"type": "string"}, "description": {"type": "string"}},
+            "required": ["customer_name", "description"],
+        },
+    },
+}
+LOCATION_WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather at a location.",
+        "parameters": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]},
+    },
+}
+ALERTS = {"type": "function", "function": {"name": "weather_alerts", "parameters": {"type": "object", "properties": {}}}}
+WIPE = {"type": "function", "function": {"name": "delete_all", "parameters": {"type": "object", "properties": {}}}}
+
+
+async def _call(chat, client, **body):
+    choice = _message(await chat(client, **body))
+    assert choice["finish_reason"] == "tool_calls"
+    [call] = choice["message"]["tool_calls"]
+    return call
+
+
+async def test_a_call_in_the_prompt_fills_the_arguments(make_node, client_for, chat, stream, tk):
+    client = client_for(make_node())
+    query = tk.user("What is the value of magic_function(3)? Use the tool.")
+    for tool_choice in ("auto", "required", {"type": "function", "function": {"name": "magic_function"}}):
+        call = await _call(chat, client, messages=query, tools=[MAGIC], tool_choice=tool_choice)
+        assert call["function"] == {"name": "magic_function", "arguments": '{"input": 3}'}
+    fragments = [
+        c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+        for c in tk.chunks(await stream(client, messages=query, tools=[MAGIC], tool_choice="required"))
+        if c["choices"] and "tool_calls" in c["choices"][0]["delta"]
+    ]
+    assert json.loads("".join(fragments)) == {"input": 3}
+
+
+async def test_a_prompt_value_the_schema_rejects_is_generated(make_node, client_for, chat, tk):
+    client = client_for(make_node())
+    for text in ("magic_function(5000)", "magic_function('three')", "magic_function(2.5)"):
+        call = await _call(chat, client, messages=tk.user(text), tools=[MAGIC])
+        args = json.loads(call["function"]["arguments"])
+        _validate(args, MAGIC["function"]["parameters"])
+
+
+async def test_a_quoted_string_fills_the_first_string_parameter(make_node, client_for, chat, tk):
+    client = client_for(make_node())
+    for name in ("你好啊集团", "こんにちは株式会社"):
+        text = f"Create a customer named '{name}' (Hello Group) - a technology company"
+        call = await _call(chat, client, messages=tk.user(text), tools=[CUSTOMER], tool_choice="required")
+        assert f'"customer_name": "{name}"' in call["function"]["arguments"]  # not \\u-escaped
+        args = json.loads(call["function"]["arguments"])
+        assert args["customer_name"] == name
+        _validate(args, CUSTOMER["function"]["parameters"])
+
+
+async def test_arguments_come_from_the_last_user_message(make_node, client_for, chat, tk):
+    client = client_for(make_node())
+    messages = [
+        {"role": "user", "content": "magic_function(3)"},
+        {"role": "system", "content": "magic_function(7)"},
+    ]
+    call = await _call(chat, client, messages=messages, tools=[MAGIC], tool_choice="required")
+    assert json.loads(call["function"]["arguments"]) == {"input": 3}
+    later = [*messages, {"role": "user", "content": [{"type": "text", "text": "now magic_function(8)"}]}]
+    call = await _call(chat, client, messages=later, tools=[MAGIC], tool_choice="required")
+    assert json.loads(call["function"]["arguments"]) == {"input": 8}
+
+
+async def test_filled_optional_parameters_appear_in_declaration_order(make_node, client_for, chat, tk):
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "plan",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}},
+                "additionalProperties": False,
+            },
+        },
+    }
+    client = client_for(make_node())
+    for i in range(10):
+        call = await _call(chat, client, messages=tk.user(f"plan(1, 'x', true) #{i}"), tools=[tool])
+        assert call["function"]["arguments"] == '{"a": 1, "b": "x", "c": true}'
+
+
+async def test_auto_calls_a_tool_a_meaningful_word_names(make_node, client_for, chat, tk):
+    client = client_for(make_node())
+    question = {"role": "user", "content": "What is the weather in San Francisco, CA?"}
+    call = await _call(chat, client, messages=[question], tools=[LOCATION_WEATHER])
+    assert call["function"]["name"] == "get_weather"
+    _validate(json.loads(call["function"]["arguments"]), LOCATION_WEATHER["function"]["parameters"])
+    history = [
+        question,
+        {"role": "assistant", "content": None, "tool_calls": [{**call}]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "It's sunny."},
+    ]
+    choice = _message(await chat(client, messages=history, tools=[LOCATION_WEATHER]))
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"]
+
+
+async def test_a_whole_name_beats_a_word_and_generic_words_do_not_count(make_node, client_for, chat, tk):
+    client = client_for(make_node())
+    call = await _call(chat, client, messages=tk.user("Any weather alerts today?"), tools=[LOCATION_WEATHER, ALERTS])
+    assert call["function"]["name"] == "weather_alerts"
+    call = await _call(chat, client, messages=tk.user("Is it raining? check the weather"), tools=[ALERTS, LOCATION_WEATHER])
+    assert call["function"]["name"] == "weather_alerts"  # both by a word: the first tool wins
+    choice = _message(await chat(client, messages=tk.user("Please delete everything"), tools=[WIPE]))
+    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+
+
+async def test_json_object_has_exactly_the_keys_the_prompt_names(make_node, client_for, chat, stream, tk):
+    client = client_for(make_node())
+    text = (
+        "Tell me a joke about cats. Return the result as a JSON with 'setup' and "
+        "'punchline' keys. Return nothing other than JSON."
+    )
+    body = {"messages": tk.user(text), "response_format": {"type": "json_object"}}
+    content = _message(await chat(client, **body))["message"]["content"]
+    value = json.loads(content)
+    assert list(value) == ["setup", "punchline"]
+    assert all(isinstance(v, str) and v for v in value.values())
+    assert tk.streamed_content(await stream(client, **body)) == content
+    quoted = tk.user('Answer in JSON with the keys "city", "country" and "city" again')
+    value = json.loads(_message(await chat(client, messages=quoted, response_format={"type": "json_object"}))["message"]["content"])
+    assert list(value) == ["city", "country"]

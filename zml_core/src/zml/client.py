@@ -20,7 +20,7 @@ import httpx2
 from pydantic import ValidationError
 
 from .config import EMPTY_REGISTRY, Registry, activate, discover_path, load_registry
-from .dispatch import MAX_ATTEMPTS, Call, Dispatcher, Step, Timeouts, Wait
+from .dispatch import MAX_ATTEMPTS, Call, Dispatcher, ResponseSummary, Step, Timeouts, Wait
 from .errors import InvalidRequestError, NodeError, NodeProtocolError
 from .fleet import Fleet, add_capacity_waiter, remove_capacity_waiter
 from .policy import Policy, PolicyRef, resolve_policy
@@ -91,7 +91,7 @@ class _BaseClient:
         # Plugins load here, on first client use, never at ``import zml``.
         from .plugins.fleet_sources import build_registry
         from .plugins.manager import client_manager
-        from .plugins.observer import PluginObserver
+        from .plugins.observer import PluginObserver, slot_ledger
         from .plugins.policy_sources import SourcePolicies
 
         self._plugins = client_manager()
@@ -106,6 +106,8 @@ class _BaseClient:
             max_attempts=max_attempts,
         )
         self._dispatcher.observer = PluginObserver(self._plugins)
+        self._dispatcher.fleet.ledger = slot_ledger(self._plugins, self._dispatcher.fleet,
+                                                    registry)
 
     def __repr__(self) -> str:
         reg = self._dispatcher.registry
@@ -194,6 +196,11 @@ def _completion(data: dict[str, Any], routing: RoutingInfo, node_id: str) -> Cha
             node_id=node_id,
             routing=routing,
         ) from None
+
+
+def _summary(completion: ChatCompletion) -> ResponseSummary:
+    reason = completion.choices[0].finish_reason if completion.choices else None
+    return ResponseSummary(completion.id, completion.model, reason)
 
 
 class Client(_BaseClient):
@@ -295,7 +302,7 @@ class Client(_BaseClient):
                     call.failed(step, exc)
                     continue
                 completion = _completion(data, step.routing, step.node.id)
-                call.succeeded(step, data.get("usage"))
+                call.succeeded(step, data.get("usage"), _summary(completion))
                 return completion
         except BaseException as exc:
             call.ended(exc)
@@ -423,7 +430,7 @@ class AsyncClient(_BaseClient):
                     call.failed(step, exc)
                     continue
                 completion = _completion(data, step.routing, step.node.id)
-                call.succeeded(step, data.get("usage"))
+                call.succeeded(step, data.get("usage"), _summary(completion))
                 return completion
         except BaseException as exc:
             call.ended(exc)

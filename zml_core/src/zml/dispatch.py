@@ -148,6 +148,15 @@ class Timeouts:
         return cls(total=float(value))
 
 
+@dataclass(frozen=True)
+class ResponseSummary:
+    """What telemetry needs of a finished answer: the node's id and model, the finish reason."""
+
+    id: str | None
+    model: str | None
+    finish_reason: str | None
+
+
 @dataclass
 class Step:
     """Send the request to ``node``: a slot is reserved for it."""
@@ -346,6 +355,8 @@ class Call:
         self.last_trace: list[dict[str, Any]] = []
         self.current: Step | None = None
         self.finished = False
+        self.response: ResponseSummary | None = None
+        """The answer's id, model and finish reason, once it completed."""
         self.state: dict[str, Any] = {}
         """Scratch space for plugins (a telemetry span, say), per call."""
 
@@ -603,10 +614,21 @@ class Call:
         exc.routing = step.routing
         return exc
 
-    def succeeded(self, step: Step, usage: Mapping[str, Any] | None) -> RoutingInfo:
+    @property
+    def ttft_s(self) -> float | None:
+        """Seconds from sending to the first token of the attempt that answered, once known."""
+        step = self.current
+        if step is None or step.first_token_at is None:
+            return None
+        return step.first_token_at - step.sent_at
+
+    def succeeded(
+        self, step: Step, usage: Mapping[str, Any] | None, response: ResponseSummary
+    ) -> RoutingInfo:
         """``step`` answered in full: release the slot, record latencies, attribute the cost."""
         d = self.d
         now = d.clock()
+        self.response = response
         d.fleet.release(step.reservation)
         ttft = None if step.first_token_at is None else step.first_token_at - step.sent_at
         d.fleet.record_success(step.node, now, ttft, now - step.sent_at)

@@ -160,8 +160,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
-from collections.abc import Set as AbstractSet
+from collections.abc import Sequence, Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal, Protocol
 

@@ -11,12 +11,12 @@ the same explicitly.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx2
 
-from .dispatch import Call, Step, Wait
+from .dispatch import Call, ResponseSummary, Step, Wait
 from .errors import NodeConnectionError, NodeError, ZMLTimeoutError
 from .transport import StreamDecoder, aiter_events, check_status, iter_events, stream_error
 from .types import ChatCompletionChunk, RoutingInfo, Usage, build_chunk
@@ -30,7 +30,8 @@ __all__ = ["AsyncStream", "Stream"]
 class _StreamState:
     """What a sync and an async stream share once dispatched (no I/O here)."""
 
-    __slots__ = ("call", "closed", "decoder", "events", "first", "response", "step", "usage")
+    __slots__ = ("call", "closed", "decoder", "events", "first", "last", "response", "step",
+                 "usage")
 
     def __init__(self, call: Call, step: Step, response: httpx2.Response, events: Any,
                  decoder: StreamDecoder, first: dict[str, Any] | None) -> None:
@@ -40,6 +41,7 @@ class _StreamState:
         self.events = events  # the one SSE event iterator of this response (sync or async)
         self.decoder = decoder
         self.first = first
+        self.last: ChatCompletionChunk | None = None
         self.closed = False
         self.usage: Usage | None = None
 
@@ -50,12 +52,17 @@ class _StreamState:
         chunk = build_chunk(data, self.step.routing)
         if chunk.usage is not None:
             self.usage = chunk.usage
+        self.last = chunk
         return chunk
 
     def finished(self) -> None:
         self.decoder.finish()
         self.closed = True
-        self.call.succeeded(self.step, None if self.usage is None else self.usage.model_dump())
+        last = self.last
+        summary = ResponseSummary(last.id if last else None, last.model if last else None,
+                                  self.decoder.finish_reason)
+        usage = None if self.usage is None else self.usage.model_dump()
+        self.call.succeeded(self.step, usage, summary)
 
 
 class _StreamInfo:
@@ -154,6 +161,12 @@ class AsyncStream(_StreamInfo):
         self._state = None
         self._started = False
 
+    def __del__(self) -> None:
+        # A stream dropped before it was ever iterated still ends its call exactly once.
+        if not self._started:
+            self._started = True
+            self._call.ended(None)
+
     async def _ensure_open(self) -> _StreamState | None:
         if not self._started:
             self._started = True
@@ -162,10 +175,10 @@ class AsyncStream(_StreamInfo):
             self._state = await _open_async(self._call, self._http, self._wait)
         return self._state
 
-    def __aiter__(self) -> AsyncIterator[ChatCompletionChunk]:
+    def __aiter__(self) -> AsyncGenerator[ChatCompletionChunk, None]:
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[ChatCompletionChunk]:
+    async def _iterate(self) -> AsyncGenerator[ChatCompletionChunk, None]:
         state = await self._ensure_open()
         if state is None or state.closed:
             return

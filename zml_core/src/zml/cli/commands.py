@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx2
 from rich.console import Console
@@ -48,10 +49,8 @@ def sim_serve(config: str, *, time_scale: float = 1.0) -> int:
                       str(spec.max_concurrency))
     console.print(table)
     console.print("serving; press Ctrl-C to stop")
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(fleet.serve())
-    except KeyboardInterrupt:
-        pass
     return 0
 
 
@@ -73,14 +72,14 @@ def route(config: str | None, policy: str | None, model: str, accelerator: str |
             status = 0
         else:
             console.print(f"[red]no route:[/] {decision.final_error} — {decision.recommendation}")
-            trace = decision.context()["evaluated"]
+            trace = [e.as_dict() for e in decision.evaluated]
             status = 1
         if explain:
             table = Table("family", "nodes checked", "result", title="evaluation (chain order)")
             for entry in trace:
                 reason = entry["rejected_reason"]
-                table.add_row(entry["family"], str(entry["nodes_checked"]),
-                              "[green]chosen[/]" if reason is None else reason)
+                table.add_row(str(entry["family"]), str(entry["nodes_checked"]),
+                              "[green]chosen[/]" if reason is None else str(reason))
             console.print(table)
         return status
 

@@ -11,6 +11,8 @@ parameters, by name. Four families of hooks:
 * **telemetry** (``zml_request_*``, :func:`zml_attempt_failed`): notifications, for every
   request of both clients, sync and async.
 * **cost attribution** (:func:`zml_attribute_cost`): the first non-None cost wins.
+* **shared fleet state** (:func:`zml_slot_ledger`): a cross-process slot ledger for a client's
+  fleet; the first non-None ledger wins.
 
 Notification hooks (telemetry and cost) are called one implementation at a time, so that an
 exception in one plugin never fails the request nor hides the event from the others: it is
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     from ..config import AcceleratorConfig, NodeConfig, Registry
     from ..dispatch import Call
     from ..errors import NodeError, ZMLError
+    from ..fleet import Fleet
+    from ..ledger import SlotLedger
     from ..policy import Policy
     from ..types import Attempt, Cost, RoutingInfo
 
@@ -335,4 +339,29 @@ def zml_attribute_cost(
 
     Returns:
         A :class:`zml.Cost` (a mapping of its fields is accepted), or None.
+    """
+
+
+# --- shared fleet state ------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def zml_slot_ledger(fleet: Fleet, registry: Registry) -> SlotLedger | None:
+    """A cross-process slot ledger for a new client's fleet (see :mod:`zml.ledger`).
+
+    Called once when a client is built, after its registry is complete.
+    **Stops at the first non-None result.** Without a ledger (the default), capacity is
+    accounted in this process only.
+    The plugin may keep ``fleet`` to feed it shared state: ``fleet.record_failure(node, now)``
+    and ``fleet.record_success(...)`` for shared health and circuit breakers, and
+    ``fleet.record_probe(node, now, healthy=..., reported_load=...)`` for the load every
+    process holds on a node. An implementation that raises is logged and skipped (the client
+    then uses local state).
+
+    Args:
+        fleet: the client's :class:`zml.fleet.Fleet` (iterate it for its ``NodeState`` objects).
+        registry: the client's fleet registry (families, nodes, policy tables, source file).
+
+    Returns:
+        A :class:`zml.ledger.SlotLedger`, or None to leave the fleet process-local.
     """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..dispatch import Observer
 from ..types import Cost
@@ -19,9 +19,11 @@ from ..types import Cost
 if TYPE_CHECKING:
     import pluggy
 
-    from ..config import AcceleratorConfig, NodeConfig
+    from ..config import AcceleratorConfig, NodeConfig, Registry
     from ..dispatch import Call
     from ..errors import NodeError, ZMLError
+    from ..fleet import Fleet
+    from ..ledger import SlotLedger
     from ..types import Attempt, RoutingInfo
     from .manager import PluginManager
 
@@ -130,3 +132,17 @@ def _configs(call: Call, routing: RoutingInfo) -> tuple[AcceleratorConfig | None
     except KeyError:
         node = None
     return accelerator, node
+
+
+def slot_ledger(pm: PluginManager, fleet: Fleet, registry: Registry) -> SlotLedger | None:
+    """Ask ``zml_slot_ledger`` for the client's ledger; a plugin that raises is skipped."""
+    for impl in pm.impls("zml_slot_ledger"):
+        kwargs: dict[str, Any] = {"fleet": fleet, "registry": registry}
+        try:
+            result = impl.function(*[kwargs[a] for a in impl.argnames])
+        except Exception as exc:
+            _report(impl, "zml_slot_ledger", exc)
+            continue
+        if result is not None:
+            return cast("SlotLedger", result)
+    return None

@@ -2,15 +2,22 @@
 plan, and the JSON / SSE encodings. Pure functions, no I/O and no clock, so the node's ASGI
 code only paces and sends what is decided here.
 
-Reply rules (deterministic for a given model, messages and `seed`):
-- a tool is called when `tools` are given, `tool_choice` is not "none" and the last message is
-  not a tool result (after a tool result the node always answers in text, so agent loops end):
-  a named `tool_choice` calls that tool; "required" calls the first tool the last message
-  mentions, else the first tool; "auto" (the default) calls the first tool whose name (or the
-  name with `_`/`-` read as spaces) appears, case-insensitively, in the last message when that
-  message is from the user;
-- else `response_format` json_object / json_schema gives JSON content (json_object: an object
-  with "answer" and "confidence");
+Reply rules (deterministic for a given model, messages and `seed`; "mentions", "call" and
+"quoted string" are defined in `zml.sim.cues`):
+- a tool is called (exactly one call) when `tools` are given, `tool_choice` is not "none" and
+  the last message is not a tool result (after a tool result the node always answers in text,
+  so agent loops end): a named `tool_choice` calls that tool; "required" calls the first tool
+  the last message mentions, else the first tool; "auto" (the default) calls a tool the last
+  message mentions when that message is from the user. A mention by whole name (or the name
+  with `_`/`-` read as spaces, case-insensitively) beats one by a meaningful word of the name
+  ("weather" for `get_weather`); among equals, the first tool in `tools` wins;
+- the call's arguments validate against the tool's `parameters`; the last user message fills
+  what it can: a call written in it (`magic_function(3)`) fills the parameters in declaration
+  order, else its first quoted string fills the first string parameter, each value converted
+  to the parameter's type and kept only if its schema accepts it; the rest is generated;
+- else `response_format` json_object / json_schema gives JSON content. json_object: when the
+  last user message names keys in quotes ("with 'setup' and 'punchline' keys"), an object of
+  exactly those keys with string values, else an object with "answer" and "confidence";
 - else prose of 16-48 words, sized by the request's own seed (at least vLLM's `min_tokens`).
 `max_tokens` (or `max_completion_tokens`) caps the content, like a real model that may stop
 earlier (finish_reason "length" when it cuts); with vLLM's `ignore_eos: true` the prose runs to
@@ -27,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from zml.sim.cues import json_keys, mentions_name, mentions_word, tool_arguments
 from zml.sim.schemagen import SchemaGenerationError, generate_json
 from zml.sim.textgen import (
     count_prompt_tokens,
@@ -90,6 +98,8 @@ class ChatRequest:
     tools: list[dict[str, Any]]
     tool_choice: Any
     response_format: dict[str, Any] | None
+    """The JSON Schema of the content, or None for prose; json_object keeps a placeholder that
+    planning replaces by the keys the prompt names (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -273,13 +283,13 @@ def _parse_response_format(raw: Any) -> dict[str, Any] | None:
 
 
 def _mentioned_tool(tools: list[dict[str, Any]], message: Mapping[str, Any]) -> dict[str, Any] | None:
-    text = message_text(message).lower()
+    text = message_text(message)
     if not text:
         return None
-    for tool in tools:
-        name = tool["function"]["name"].lower()
-        if name in text or name.replace("_", " ").replace("-", " ") in text:
-            return tool
+    for mentions in (mentions_name, mentions_word):
+        for tool in tools:
+            if mentions(tool["function"]["name"], text):
+                return tool
     return None
 
 
@@ -298,12 +308,48 @@ def _pick_tool(request: ChatRequest) -> dict[str, Any] | None:
     return None
 
 
-def _structured(schema: Any, rng: random.Random) -> str:
+def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return message_text(message)
+    return ""
+
+
+def _generate(schema: Any, rng: random.Random) -> Any:
     try:
-        value = generate_json(schema, rng)
+        return generate_json(schema, rng)
     except SchemaGenerationError:
-        value = {}
+        return {}
+
+
+def _structured(schema: Any, rng: random.Random) -> str:
+    return json.dumps(_generate(schema, rng), ensure_ascii=False)
+
+
+def _arguments(function: Mapping[str, Any], text: str, rng: random.Random) -> str:
+    """A tool call's arguments: generated, then overlaid with what the prompt fills."""
+    params = function.get("parameters")
+    if params is None or params is True or params == {}:
+        return "{}"
+    value = _generate(params, rng)
+    filled = tool_arguments(function["name"], params, text)
+    if filled and isinstance(value, dict):
+        order = [*params["properties"], *value]
+        merged = {**value, **filled}
+        value = {key: merged[key] for key in dict.fromkeys(order) if key in merged}
     return json.dumps(value, ensure_ascii=False)
+
+
+def _json_object_schema(text: str) -> dict[str, Any]:
+    keys = json_keys(text)
+    if not keys:
+        return _JSON_OBJECT_SCHEMA
+    return {
+        "type": "object",
+        "properties": {key: {"type": "string", "minLength": 1} for key in keys},
+        "required": keys,
+        "additionalProperties": False,
+    }
 
 
 def plan_reply(request: ChatRequest) -> Plan:
@@ -313,13 +359,15 @@ def plan_reply(request: ChatRequest) -> Plan:
     tool = _pick_tool(request)
     if tool is not None:
         function = tool["function"]
-        params = function.get("parameters")
-        arguments = "{}" if params is None or params is True or params == {} else _structured(params, rng)
+        arguments = _arguments(function, _last_user_text(request.messages), rng)
         call = ToolCall(f"call_{rng.getrandbits(96):024x}", function["name"], arguments)
         return Plan(request.model, prompt_tokens, json_pieces(arguments), call, "tool_calls")
     cap = request.max_tokens
-    if request.response_format is not None:
-        pieces = json_pieces(_structured(request.response_format, rng))
+    schema = request.response_format
+    if schema is _JSON_OBJECT_SCHEMA:  # json_object: the keys the prompt names, if any
+        schema = _json_object_schema(_last_user_text(request.messages))
+    if schema is not None:
+        pieces = json_pieces(_structured(schema, rng))
     elif request.ignore_eos and cap is not None:
         pieces = synth_tokens(rng, cap + 1)
     else:

@@ -15,19 +15,28 @@ exclusive in both the draft-4 and the later form) and `multipleOf`. Not honoured
 
 Optional properties appear about half of the time; past depth 6 only what is required is
 generated, so recursive schemas terminate.
+
+`accepts` checks a *scalar* (a string, number, boolean or null, e.g. a tool argument read from
+the prompt) against a schema, exactly: `type`, `const`, `enum`, number bounds and `multipleOf`,
+string `minLength` / `maxLength`, `pattern` (Python's `re`; a pattern it cannot compile
+rejects) and the `format`s generated here, `allOf` / `anyOf` / `oneOf` / `not` /
+`if`-`then`-`else` and local `$ref`s. Object and array keywords do not apply to scalars.
+`declared_types` lists the JSON types a schema names, so a value can be converted to one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import random
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from zml.sim.textgen import WORDS
 
-__all__ = ["SchemaGenerationError", "generate_json"]
+__all__ = ["SchemaGenerationError", "accepts", "declared_types", "generate_json", "json_type"]
 
 _SOFT_DEPTH = 6
 _HARD_DEPTH = 40
@@ -113,24 +122,7 @@ class _Generator:
         raise SchemaGenerationError("$ref / allOf chain does not end")
 
     def resolve(self, ref: Any) -> Mapping[str, Any]:
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise SchemaGenerationError(f"only local $ref are supported, got {ref!r}")
-        node: Any = self.root
-        for raw in ref[1:].split("/"):
-            if not raw:
-                continue
-            key = raw.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, Mapping) and key in node:
-                node = node[key]
-            elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
-                node = node[int(key)]
-            else:
-                raise SchemaGenerationError(f"unresolvable $ref {ref!r}")
-        if node is True:
-            return {}
-        if not isinstance(node, Mapping):
-            raise SchemaGenerationError(f"$ref {ref!r} does not point at a schema")
-        return node
+        return _resolve(self.root, ref)
 
     @staticmethod
     def kind(schema: Mapping[str, Any]) -> str:
@@ -274,6 +266,28 @@ class _Generator:
         return [self.rng.randint(first, last) for _ in range(8)] + [first, last]
 
 
+def _resolve(root: Any, ref: Any) -> Mapping[str, Any]:
+    """The schema a local `$ref` points at within `root`."""
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        raise SchemaGenerationError(f"only local $ref are supported, got {ref!r}")
+    node: Any = root
+    for raw in ref[1:].split("/"):
+        if not raw:
+            continue
+        key = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            raise SchemaGenerationError(f"unresolvable $ref {ref!r}")
+    if node is True:
+        return {}
+    if not isinstance(node, Mapping):
+        raise SchemaGenerationError(f"$ref {ref!r} does not point at a schema")
+    return node
+
+
 def _merge(base: Mapping[str, Any], other: Mapping[str, Any]) -> dict[str, Any]:
     """Combine two schemas that must both hold (properties and required are unioned)."""
     merged = dict(other)
@@ -333,3 +347,186 @@ def _inside(
     if low is not None and (value < low[0] or (low[1] and value == low[0])):
         return False
     return not (high is not None and (value > high[0] or (high[1] and value == high[0])))
+
+
+# -- checking scalars -------------------------------------------------------------------------
+
+_FORMATS: dict[str, re.Pattern[str]] = {
+    "date-time": re.compile(
+        r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])[Tt]([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)"
+        r"(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+    ),
+    "date": re.compile(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"),
+    "time": re.compile(r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"),
+    "email": re.compile(r"[^@\s]+@[^@\s]+"),
+    "uri": re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S+"),
+    "url": re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S+"),
+    "uuid": re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"),
+}
+"""The formats `accepts` checks (those the generator produces); others are not checked."""
+
+
+def accepts(schema: Any, value: Any, root: Any = None) -> bool:
+    """Whether the scalar `value` is valid against `schema` (see the module docstring).
+
+    `$ref`s resolve against `root` (by default `schema` itself). Lists, dicts and non-finite
+    floats are never accepted.
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    if value is not None and not isinstance(value, (str, int, float)):
+        return False
+    return _accepts(schema, value, schema if root is None else root, 0)
+
+
+def _accepts(schema: Any, value: Any, root: Any, depth: int) -> bool:
+    if schema is True:
+        return True
+    if depth > _HARD_DEPTH or not isinstance(schema, Mapping):
+        return False
+    declared = schema.get("type")
+    if declared is not None:
+        names = declared if isinstance(declared, list) else [declared]
+        if not any(_is_type(value, name) for name in names):
+            return False
+    if "const" in schema and not _json_equal(schema["const"], value):
+        return False
+    enum = schema.get("enum")
+    if isinstance(enum, list) and not any(_json_equal(member, value) for member in enum):
+        return False
+    if _number(value) is not None and not _number_fits(schema, value):
+        return False
+    if isinstance(value, str) and not _string_fits(schema, value):
+        return False
+    if "$ref" in schema:
+        try:
+            target = _resolve(root, schema["$ref"])
+        except SchemaGenerationError:
+            return False
+        if not _accepts(target, value, root, depth + 1):
+            return False
+    return _combinators_accept(schema, value, root, depth)
+
+
+def _combinators_accept(schema: Mapping[str, Any], value: Any, root: Any, depth: int) -> bool:
+    all_of, any_of, one_of = schema.get("allOf"), schema.get("anyOf"), schema.get("oneOf")
+    if isinstance(all_of, list) and not all(_accepts(s, value, root, depth + 1) for s in all_of):
+        return False
+    if isinstance(any_of, list) and not any(_accepts(s, value, root, depth + 1) for s in any_of):
+        return False
+    if isinstance(one_of, list) and sum(_accepts(s, value, root, depth + 1) for s in one_of) != 1:
+        return False
+    if "not" in schema and _accepts(schema["not"], value, root, depth + 1):
+        return False
+    if "if" in schema:
+        branch = "then" if _accepts(schema["if"], value, root, depth + 1) else "else"
+        if branch in schema and not _accepts(schema[branch], value, root, depth + 1):
+            return False
+    return True
+
+
+def _number_fits(schema: Mapping[str, Any], value: float) -> bool:
+    low, high = _bounds(schema)
+    if not _inside(value, low, high):
+        return False
+    step = _number(schema.get("multipleOf"))
+    if step is None or step <= 0:
+        return True
+    if isinstance(value, int) and isinstance(step, int):
+        return value % step == 0
+    quotient = value / step
+    return math.isfinite(quotient) and quotient.is_integer()
+
+
+def _string_fits(schema: Mapping[str, Any], value: str) -> bool:
+    low, high = _number(schema.get("minLength")), _number(schema.get("maxLength"))
+    if (low is not None and len(value) < low) or (high is not None and len(value) > high):
+        return False
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str):
+        try:
+            if re.search(pattern, value) is None:
+                return False
+        except re.error:
+            return False
+    fmt = schema.get("format")
+    checker = _FORMATS.get(fmt) if isinstance(fmt, str) else None
+    return checker is None or checker.fullmatch(value) is not None
+
+
+def _is_type(value: Any, name: Any) -> bool:
+    if name == "string":
+        return isinstance(value, str)
+    if name == "null":
+        return value is None
+    if name == "boolean":
+        return isinstance(value, bool)
+    number = _number(value)
+    if name == "number":
+        return number is not None
+    if name == "integer":
+        return number is not None and float(number).is_integer()
+    return False
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equality of JSON values (booleans are not numbers; 1 equals 1.0)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if _number(a) is not None and _number(b) is not None:
+        return bool(a == b)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and bool(a == b)
+
+
+def json_type(value: Any) -> str:
+    """The JSON type name of a decoded JSON value ("integer" for ints, "number" for floats)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, Mapping):
+        return "object"
+    return "null"
+
+
+def declared_types(schema: Any, root: Any = None) -> list[str]:
+    """The JSON type names `schema` admits, in order of appearance, without repeats.
+
+    Read from `type`, from the values of `const` / `enum`, and through local `$ref`s, `allOf`,
+    `anyOf` and `oneOf`. Empty when nothing names a type (the schema may accept anything).
+    """
+    found: list[str] = []
+    _collect_types(schema, schema if root is None else root, found, 0)
+    return found
+
+
+def _collect_types(schema: Any, root: Any, found: list[str], depth: int) -> None:
+    if depth > _HARD_DEPTH or not isinstance(schema, Mapping):
+        return
+    declared = schema.get("type")
+    names = declared if isinstance(declared, list) else [declared]
+    values = [schema["const"]] if "const" in schema else []
+    enum = schema.get("enum")
+    if isinstance(enum, list):
+        values += enum
+    for name in [*names, *(json_type(v) for v in values)]:
+        if isinstance(name, str) and name not in found:
+            found.append(name)
+    if "$ref" in schema:
+        with contextlib.suppress(SchemaGenerationError):
+            _collect_types(_resolve(root, schema["$ref"]), root, found, depth + 1)
+    for key in ("allOf", "anyOf", "oneOf"):
+        parts = schema.get(key)
+        if isinstance(parts, list):
+            for part in parts:
+                _collect_types(part, root, found, depth + 1)

@@ -228,10 +228,15 @@ class OpenTelemetryPlugin:
         input_tokens, output_tokens = _tokens(usage)
         host, _ = _split_address(routing.server_address)
         if span.is_recording():
+            response = call.response
             attributes: dict[str, Any] = {
-                "gen_ai.response.model": call.model,
+                "gen_ai.response.model": _response_model(call),
                 "zml.attempts": len(routing.attempts) + 1,
             }
+            if response is not None and response.id:
+                attributes["gen_ai.response.id"] = response.id
+            if response is not None and response.finish_reason:
+                attributes["gen_ai.response.finish_reasons"] = (response.finish_reason,)
             if input_tokens is not None:
                 attributes["gen_ai.usage.input_tokens"] = input_tokens
             if output_tokens is not None:
@@ -243,7 +248,7 @@ class OpenTelemetryPlugin:
             span.set_attributes(attributes)
         span.end()
         metric_attrs = self._metric_attributes(call, host, routing.accelerator)
-        metric_attrs["gen_ai.response.model"] = call.model
+        metric_attrs["gen_ai.response.model"] = _response_model(call)
         duration, tokens = self._histograms()
         duration.record(max(0.0, call.d.clock() - call.started_at), metric_attrs)
         if input_tokens is not None:
@@ -352,3 +357,9 @@ def _first_line(error: BaseException) -> str:
 
 plugin = OpenTelemetryPlugin()
 """The instance zml registers (global providers)."""
+
+
+def _response_model(call: Call) -> str:
+    """The model the node says answered (it may differ from the requested name)."""
+    response = call.response
+    return response.model if response is not None and response.model else call.model
