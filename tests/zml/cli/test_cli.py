@@ -111,3 +111,32 @@ def test_sim_serve_serves_the_configs_nodes(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_plugins_can_add_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    import zml
+    from zml.plugins import register, unregister
+
+    class Hello:
+        @zml.hookimpl
+        def zml_register_commands(
+            self, subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
+        ) -> None:
+            p = subparsers.add_parser("hello", help="say hello")
+            p.add_argument("--name", default="fleet")
+            p.set_defaults(handler=lambda args: print(f"hello {args.name}") or 3)
+
+    class Broken:
+        @zml.hookimpl
+        def zml_register_commands(self, subparsers: object) -> None:
+            raise RuntimeError("boom")
+
+    names = [register(Hello()), register(Broken())]
+    try:
+        assert main(["hello", "--name", "zml"]) == 3
+        assert "hello zml" in capsys.readouterr().out
+    finally:
+        for name in names:
+            unregister(name=name)

@@ -60,7 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
     fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True, metavar="SUBCOMMAND")
     status = fleet_sub.add_parser("status", help="probe every node and show its state")
     status.add_argument("--config")
+    _plugin_commands(sub)
     return parser
+
+
+def _plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Let installed plugins add subcommands (hook ``zml_register_commands``)."""
+    import logging
+
+    from zml.plugins.manager import process_manager
+
+    for impl in process_manager().impls("zml_register_commands"):
+        try:
+            impl.function(sub)
+        except Exception as exc:  # a broken plugin must not take the built-in commands down
+            logging.getLogger("zml.plugins").warning(
+                "plugin %r failed to add its commands: %s", impl.plugin_name, exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     console = Console(stderr=True)
     try:
+        handler = getattr(args, "handler", None)
+        if handler is not None:
+            return int(handler(args))
         if args.command == "demo":
             from zml.cli.demo import run_demo
 

@@ -13,6 +13,7 @@ parameters, by name. Four families of hooks:
 * **cost attribution** (:func:`zml_attribute_cost`): the first non-None cost wins.
 * **shared fleet state** (:func:`zml_slot_ledger`): a cross-process slot ledger for a client's
   fleet; the first non-None ledger wins.
+* **command line** (:func:`zml_register_commands`): subcommands of the ``zml`` command.
 
 Notification hooks (telemetry and cost) are called one implementation at a time, so that an
 exception in one plugin never fails the request nor hides the event from the others: it is
@@ -34,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from pluggy import HookimplMarker, HookspecMarker
 
 if TYPE_CHECKING:
+    import argparse
+
     from ..config import AcceleratorConfig, NodeConfig, Registry
     from ..dispatch import Call
     from ..errors import NodeError, ZMLError
@@ -364,4 +367,26 @@ def zml_slot_ledger(fleet: Fleet, registry: Registry) -> SlotLedger | None:
 
     Returns:
         A :class:`zml.ledger.SlotLedger`, or None to leave the fleet process-local.
+    """
+
+
+# --- command line ------------------------------------------------------------------------------
+
+
+@hookspec
+def zml_register_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add subcommands to the ``zml`` command (a notification hook: not ``firstresult``).
+
+    Called once when ``zml`` builds its argument parser. Add a parser with
+    ``subparsers.add_parser("name", help=...)`` and give it a handler with
+    ``parser.set_defaults(handler=function)``: ``zml`` calls ``handler(args)`` and exits with
+    its return value (an int). A :class:`zml.ZMLError` raised by the handler is printed as one
+    line, like the built-in commands' errors. A plugin whose hook raises is skipped with a
+    warning, and the built-in commands keep working.
+
+    Args:
+        subparsers: the ``argparse`` subparsers of the ``zml`` command.
+
+    Returns:
+        Nothing; implementations add parsers.
     """
