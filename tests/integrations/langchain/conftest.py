@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from zml.sim import SimFleet, SimNodeSpec
 
 HERE = Path(__file__).parent

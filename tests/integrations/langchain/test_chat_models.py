@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zml
 from langchain_core.load import dumpd, load
 from langchain_core.messages import (
     AIMessage,
@@ -20,9 +19,11 @@ from langchain_core.messages import (
 )
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.runnables import RunnableBinding
+from pydantic import BaseModel, Field, ValidationError
+
+import zml
 from langchain_zml import ChatZML
 from langchain_zml._responses import ChunkConverter, chat_result
-from pydantic import BaseModel, Field, ValidationError
 
 MODEL = "meta-llama/llama-3-8b-instruct"
 ROUTING = {

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import zml
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessageChunk
-from langchain_zml import ChatZML
 from pydantic import BaseModel, Field
+
+import zml
+from langchain_zml import ChatZML
 
 from .conftest import MODEL, OTHER_MODEL, POLICY
 

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_tests.unit_tests import ChatModelUnitTests
-from langchain_zml import ChatZML
 from syrupy.assertion import SnapshotAssertion
+
+from langchain_zml import ChatZML
 
 MODEL = "meta-llama/llama-3-8b-instruct"
 

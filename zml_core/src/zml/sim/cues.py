@@ -15,10 +15,12 @@ the text (so the same request still gets the same reply):
 - *tool arguments* (`tool_arguments`): from a call, the literals fill the tool's top-level
   `properties` in declaration order (extra literals are ignored); otherwise the first quoted
   string (other than the tool's name) fills the first parameter whose schema names the
-  "string" type. A literal is kept as it is when the parameter's schema accepts it, else
-  converted to each type the schema names in turn (integer, number, boolean, string, null;
-  e.g. `"3"` to 3 or `3` to "3"), and the first conversion the schema accepts is used; when
-  none is, the parameter is not filled (the node keeps its generated value).
+  "string" type. A literal keeps its own type when the parameter's schema names that type
+  (an integer passes for a number) or names no type; else it is converted to each type the
+  schema names, in order (integer, number, boolean, string or null: `"3"` and `3.0` to 3,
+  `3` to "3", `"true"` to true). The first candidate the schema accepts (bounds, enum,
+  pattern, ... all checked) is used; when none is, the parameter is not filled and keeps its
+  generated value.
 - *a mention of a tool* (`mentions_name`, `mentions_word`): its whole name, or the name with
   `_` / `-` read as spaces, appears case-insensitively in the text; or, weaker, one of the
   meaningful words of its name appears as a whole word. The name splits on `_`, `-` and
