@@ -297,10 +297,9 @@ def _public() -> list[str]:
 @pytest.mark.parametrize("name", _public())
 def test_every_public_name_has_a_docstring(name: str) -> None:
     obj = getattr(zml, name)
-    if inspect.isclass(obj) or inspect.isfunction(obj):
-        doc = obj.__doc__
-    else:  # a constant (NOT_GIVEN) or a marker instance (hookimpl): its class documents it
-        doc = type(obj).__doc__
+    # A constant (NOT_GIVEN) or a marker instance (hookimpl) is documented by its class.
+    documented = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
+    doc = documented.__doc__
     assert doc and doc.strip(), f"zml.{name} has no docstring"
 
 

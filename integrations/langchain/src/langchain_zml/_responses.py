@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-import zml
 from langchain_core.messages import AIMessage, AIMessageChunk, InvalidToolCall, ToolCall
 from langchain_core.messages.ai import InputTokenDetails, OutputTokenDetails, UsageMetadata
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.output_parsers.openai_tools import make_invalid_tool_call, parse_tool_call
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+
+import zml
 
 __all__ = ["PROVIDER", "ChunkConverter", "chat_result", "routing_metadata", "usage_metadata"]
 

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import zml
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams, LanguageModelInput
 from langchain_core.messages import AIMessage, BaseMessage
@@ -31,6 +30,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+import zml
 
 from ._clients import Clients
 from ._messages import to_openai_messages
