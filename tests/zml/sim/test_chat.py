@@ -205,6 +205,7 @@ async def test_unknown_model_is_404_with_openai_error(make_node, client_for, cha
         {"tool_choice": {"type": "function", "function": {"name": "missing"}}},
         {"response_format": {"type": "xml"}},
         {"ignore_eos": "yes"},
+        {"parallel_tool_calls": "yes"},
         {"min_tokens": -1},
         {"model": None},
     ],

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from zml.sim.cues import (
     call_literals,
     json_keys,
+    mentioned_tools,
     mentions_name,
     mentions_word,
     name_words,
@@ -159,6 +160,45 @@ def test_mentions():
     assert mentions_word("getCurrentWeather", "WEATHER, please")
     assert not mentions_word("get_weather", "weathering the storm")  # whole words only
     assert not mentions_word("run_job", "run the job")  # no meaningful word
+
+
+@pytest.mark.parametrize(
+    ("names", "text", "expected"),
+    [
+        # whole names, in the order of the text, not of the list
+        (["get_weather", "book_trip", "magic_function"], "magic_function(3), then get_weather", [2, 0]),
+        (["get_weather", "book_trip"], "Book Trip first; then GET_WEATHER", [1, 0]),
+        # words count too, each occurrence for one tool only
+        (["get_weather", "book_trip"], "What's the weather? Then book it.", [0, 1]),
+        (["get_weather", "weather_alerts"], "Any weather alerts today?", [1]),  # inside a name
+        (["weather_alerts", "get_weather"], "check the weather", [0]),  # one word, the first tool
+        (["get_weather", "weather_alerts"], "the weather, and weather alerts", [0, 1]),
+        # a tool is placed at its first attributed occurrence
+        (["get_weather", "book_trip"], "Is the weather ok? Book trip, then get_weather", [0, 1]),
+        (["get_weather", "get_weather_alerts"], "use get_weather_alerts", [0]),  # first listed wins
+        (["get_weather", "book_trip"], "nothing relevant", []),
+        (["get_weather", "get_weather"], "get_weather twice", [0]),
+        ([], "get_weather", []),
+    ],
+)
+def test_mentioned_tools(names, text, expected):
+    assert mentioned_tools(names, text) == expected
+
+
+@given(st.lists(st.sampled_from(["get_weather", "book_trip", "weather_alerts", "ping", "a-b"]), max_size=4),
+       st.text(alphabet=st.sampled_from(list("weathr bookip_alsng-AW")), max_size=40))
+@settings(max_examples=200, deadline=None)
+def test_mentioned_tools_contains_the_single_pick(names, text):
+    """The tool the one-call rule picks (first by name, else first by word) is always mentioned."""
+    order = mentioned_tools(names, text)
+    assert len(set(order)) == len(order)
+    single = next((i for i, n in enumerate(names) if mentions_name(n, text)), None)
+    if single is None:
+        single = next((i for i, n in enumerate(names) if mentions_word(n, text)), None)
+    assert (single is None) == (not order)
+    if single is not None:
+        assert single in order
+    assert all(mentions_name(names[i], text) or mentions_word(names[i], text) for i in order)
 
 
 def test_json_keys():

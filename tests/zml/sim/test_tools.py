@@ -1,6 +1,7 @@
-"""Tool calls and structured output: when the node calls a tool, the OpenAI shapes plain and
-streamed, arguments / content that validate against the caller's JSON Schema, and what the node
-takes from the prompt (tool arguments, tools named by a word, json_object keys)."""
+"""Tool calls and structured output: when the node calls a tool (or several in parallel), the
+OpenAI shapes plain and streamed, arguments / content that validate against the caller's JSON
+Schema, and what the node takes from the prompt (tool arguments, tools named by a word,
+json_object keys)."""
 
 from __future__ import annotations
 
@@ -383,3 +384,163 @@ async def test_json_object_has_exactly_the_keys_the_prompt_names(make_node, clie
     quoted = tk.user('Answer in JSON with the keys "city", "country" and "city" again')
     value = json.loads(_message(await chat(client, messages=quoted, response_format={"type": "json_object"}))["message"]["content"])
     assert list(value) == ["city", "country"]
+
+
+# -- parallel tool calls -------------------------------------------------------------------------
+
+PARALLEL_TOOLS = [WEATHER, MAGIC, BOOKING]
+PARALLEL_TEXT = "First book_trip, then magic_function(3), and get_weather for 'Paris'."
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in PARALLEL_TOOLS}
+
+
+async def _calls(chat, client, **body):
+    choice = _message(await chat(client, **body))
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    return choice["message"]["tool_calls"]
+
+
+async def test_several_mentioned_tools_are_called_in_mention_order(make_node, client_for, chat, tk):
+    client = client_for(make_node())
+    body = {"messages": tk.user(PARALLEL_TEXT), "tools": PARALLEL_TOOLS}
+    calls = await _calls(chat, client, **body)
+    assert [c["function"]["name"] for c in calls] == ["book_trip", "magic_function", "get_weather"]
+    assert len({c["id"] for c in calls}) == 3
+    for call in calls:
+        assert call["id"].startswith("call_") and call["type"] == "function"
+        _validate(json.loads(call["function"]["arguments"]), SCHEMAS[call["function"]["name"]])
+    by_name = {c["function"]["name"]: json.loads(c["function"]["arguments"]) for c in calls}
+    assert by_name["magic_function"] == {"input": 3}  # its own call in the prompt
+    assert by_name["get_weather"]["city"] == "Paris"  # the first quoted string
+    assert await _calls(chat, client, **body) == calls  # deterministic, ids too
+    # "required" calls them all as well; the order is the text's, not the list's
+    required = await _calls(chat, client, **body, tool_choice="required")
+    assert [c["function"]["name"] for c in required] == ["book_trip", "magic_function", "get_weather"]
+    reordered = await _calls(chat, client, messages=tk.user("get_weather, then magic_function(3)"), tools=PARALLEL_TOOLS)
+    assert [c["function"]["name"] for c in reordered] == ["get_weather", "magic_function"]
+
+
+async def test_tools_named_by_words_are_called_in_parallel(make_node, client_for, chat, tk):
+    client = client_for(make_node())
+    text = "What's the weather in Paris? And book a trip there."
+    calls = await _calls(chat, client, messages=tk.user(text), tools=[BOOKING, LOCATION_WEATHER])
+    assert [c["function"]["name"] for c in calls] == ["get_weather", "book_trip"]
+    # one occurrence names one tool: "weather alerts" is not also a mention of get_weather
+    calls = await _calls(chat, client, messages=tk.user("Any weather alerts today?"), tools=[LOCATION_WEATHER, ALERTS])
+    assert [c["function"]["name"] for c in calls] == ["weather_alerts"]
+
+
+async def test_parallel_usage_counts_every_call(make_node, client_for, chat, tk):
+    client = client_for(make_node())
+    response = await chat(client, messages=tk.user(PARALLEL_TEXT), tools=PARALLEL_TOOLS)
+    body = response.json()
+    calls = body["choices"][0]["message"]["tool_calls"]
+    single = {"messages": tk.user(PARALLEL_TEXT), "tools": PARALLEL_TOOLS, "parallel_tool_calls": False}
+    one = (await chat(client, **single)).json()
+    assert body["usage"]["prompt_tokens"] == one["usage"]["prompt_tokens"]
+    assert body["usage"]["completion_tokens"] > one["usage"]["completion_tokens"] >= 2
+    assert body["usage"]["completion_tokens"] > 2 * len(calls)
+
+
+async def test_parallel_tool_calls_false_keeps_one_call(make_node, client_for, chat, tk):
+    client = client_for(make_node())
+    calls = await _calls(
+        chat, client, messages=tk.user(PARALLEL_TEXT), tools=PARALLEL_TOOLS, parallel_tool_calls=False
+    )
+    # one call, chosen by the one-call rule: the first tool of the list that is mentioned
+    [call] = calls
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"])["city"] == "Paris"
+    for tool_choice in ("auto", "required"):
+        [call] = await _calls(
+            chat, client, messages=tk.user(PARALLEL_TEXT), tools=PARALLEL_TOOLS,
+            tool_choice=tool_choice, parallel_tool_calls=False,
+        )
+        assert call["function"]["name"] == "get_weather"
+    # a named tool_choice is one call whatever the prompt mentions
+    named = {"type": "function", "function": {"name": "magic_function"}}
+    [call] = await _calls(chat, client, messages=tk.user(PARALLEL_TEXT), tools=PARALLEL_TOOLS, tool_choice=named)
+    assert call["function"] == {"name": "magic_function", "arguments": '{"input": 3}'}
+
+
+async def test_a_single_mention_is_still_one_call(make_node, client_for, chat, tk):
+    client = client_for(make_node())
+    messages = tk.user("What is magic_function(3)? Use the tool.")
+    replies = []
+    for extra in ({}, {"parallel_tool_calls": True}, {"parallel_tool_calls": None}, {"parallel_tool_calls": False}):
+        calls = await _calls(chat, client, messages=messages, tools=PARALLEL_TOOLS, **extra)
+        assert [c["function"]["name"] for c in calls] == ["magic_function"]
+        replies.append(calls)
+    assert all(r == replies[0] for r in replies)  # the flag changes nothing for one mention
+
+
+async def test_parallel_needs_the_mentions_in_a_user_message(make_node, client_for, chat):
+    client = client_for(make_node())
+    messages = [
+        {"role": "user", "content": "hello"},
+        {"role": "system", "content": "use get_weather and book_trip"},
+    ]
+    calls = await _calls(chat, client, messages=messages, tools=PARALLEL_TOOLS, tool_choice="required")
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]  # the one-call rule
+    choice = _message(await chat(client, messages=messages, tools=PARALLEL_TOOLS))
+    assert choice["finish_reason"] == "stop"  # auto answers a non-user message in text
+
+
+async def test_after_parallel_tool_results_the_node_answers_text(make_node, client_for, chat, tk):
+    client = client_for(make_node())
+    question = tk.user(PARALLEL_TEXT)
+    calls = await _calls(chat, client, messages=question, tools=PARALLEL_TOOLS)
+    history = [
+        *question,
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        *({"role": "tool", "tool_call_id": c["id"], "content": "done"} for c in calls),
+    ]
+    choice = _message(await chat(client, messages=history, tools=PARALLEL_TOOLS))
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"]
+
+
+async def test_streamed_parallel_calls_reassemble_to_the_plain_ones(make_node, client_for, chat, stream, tk):
+    client = client_for(make_node())
+    body = {"messages": tk.user(PARALLEL_TEXT), "tools": PARALLEL_TOOLS, "stream_options": {"include_usage": True}}
+    plain = (await chat(client, **body)).json()
+    plain_calls = plain["choices"][0]["message"]["tool_calls"]
+    chunks = tk.chunks(await stream(client, **body))
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    deltas = []
+    for chunk in chunks:
+        if chunk["choices"] and "tool_calls" in chunk["choices"][0]["delta"]:
+            assert chunk["choices"][0]["finish_reason"] is None
+            [delta] = chunk["choices"][0]["delta"]["tool_calls"]  # one fragment per chunk
+            deltas.append(delta)
+    indices = [d["index"] for d in deltas]
+    assert indices == sorted(indices) and set(indices) == {0, 1, 2}  # one call after another
+    streamed = []
+    for index, plain_call in enumerate(plain_calls):
+        head, *fragments = [d for d in deltas if d["index"] == index]
+        assert head == {
+            "index": index,
+            "id": plain_call["id"],
+            "type": "function",
+            "function": {"name": plain_call["function"]["name"], "arguments": ""},
+        }
+        assert fragments
+        assert all(set(f) == {"index", "function"} and set(f["function"]) == {"arguments"} for f in fragments)
+        streamed.append("".join(f["function"]["arguments"] for f in fragments))
+    assert streamed == [c["function"]["arguments"] for c in plain_calls]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[-1]["usage"] == plain["usage"]
+    # one paced step per generated token: a head per call, then one per argument fragment
+    assert len(deltas) == plain["usage"]["completion_tokens"]
+
+
+async def test_streamed_parallel_tool_calls_false_is_one_call(make_node, client_for, stream, tk):
+    client = client_for(make_node())
+    events = await stream(client, messages=tk.user(PARALLEL_TEXT), tools=PARALLEL_TOOLS, parallel_tool_calls=False)
+    deltas = [
+        c["choices"][0]["delta"]["tool_calls"][0]
+        for c in tk.chunks(events)
+        if c["choices"] and "tool_calls" in c["choices"][0]["delta"]
+    ]
+    assert {d["index"] for d in deltas} == {0}
+    assert [d["function"]["name"] for d in deltas if "id" in d] == ["get_weather"]
+    assert tk.chunks(events)[-1]["choices"][0]["finish_reason"] == "tool_calls"

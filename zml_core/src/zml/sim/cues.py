@@ -26,15 +26,24 @@ the text (so the same request still gets the same reply):
   meaningful words of its name appears as a whole word. The name splits on `_`, `-` and
   lower-to-upper case changes ("getWeather"); words shorter than 4 letters and generic ones
   (`GENERIC_WORDS`: get, set, fetch, call, run, ...) are not meaningful.
+- *the tools a text mentions, in order* (`mentioned_tools`): every occurrence of a name (as
+  above) or of a meaningful word is attributed to at most one tool, name occurrences before
+  word occurrences, then the tool listed first, then the earlier occurrence; an occurrence that
+  overlaps one already attributed is ignored (so "weather alerts" names `weather_alerts` and
+  not also `get_weather`, and one "weather" names only the first of two weather tools). The
+  tools with an attributed occurrence are mentioned, ordered by their first one (ties by the
+  list). The first tool of the list that the simpler rules find (a name mention before a word
+  mention) always wins its occurrences, so it is always among them.
 - *JSON keys* (`json_keys`): the quoted strings without whitespace (at most 64 characters),
   first appearance first, without repeats.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from zml.sim.schemagen import accepts, declared_types, json_type
@@ -43,6 +52,7 @@ __all__ = [
     "GENERIC_WORDS",
     "call_literals",
     "json_keys",
+    "mentioned_tools",
     "mentions_name",
     "mentions_word",
     "name_words",
@@ -241,6 +251,42 @@ def mentions_word(name: str, text: str) -> bool:
     """Whether a meaningful word of the name appears in `text` as a whole word."""
     words = name_words(name)
     return bool(words) and not set(words).isdisjoint(_WORD_RE.findall(text.lower()))
+
+
+def _name_spans(name: str, lowered: str) -> set[tuple[int, int]]:
+    """Where the name (or the name with `_` / `-` read as spaces) occurs in lower-cased text."""
+    wanted = name.lower()
+    spans: set[tuple[int, int]] = set()
+    if not wanted:
+        return spans
+    for variant in {wanted, wanted.replace("_", " ").replace("-", " ")}:
+        spans.update(m.span() for m in re.finditer(re.escape(variant), lowered))
+    return spans
+
+
+def mentioned_tools(names: Sequence[str], text: str) -> list[int]:
+    """The indices in `names` of the tools `text` mentions, in the order of their first
+    mention (see the module docstring)."""
+    lowered = text.lower()
+    words: dict[str, list[tuple[int, int]]] = {}
+    for match in _WORD_RE.finditer(lowered):
+        words.setdefault(match.group(), []).append(match.span())
+    candidates: list[tuple[int, int, int, int]] = []  # (strength, tool, start, end)
+    for tool, name in enumerate(names):
+        candidates += [(0, tool, start, end) for start, end in _name_spans(name, lowered)]
+        for word in name_words(name):
+            candidates += [(1, tool, start, end) for start, end in words.get(word, ())]
+    starts: list[int] = []  # the attributed occurrences, disjoint, sorted by start
+    ends: list[int] = []
+    first: dict[int, int] = {}
+    for _, tool, start, end in sorted(candidates):
+        i = bisect.bisect_right(starts, start)
+        if (i and ends[i - 1] > start) or (i < len(starts) and starts[i] < end):
+            continue
+        starts.insert(i, start)
+        ends.insert(i, end)
+        first[tool] = min(start, first.get(tool, start))
+    return sorted(first, key=lambda tool: (first[tool], tool))
 
 
 def json_keys(text: str) -> list[str]:

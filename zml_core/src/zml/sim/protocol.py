@@ -4,17 +4,24 @@ code only paces and sends what is decided here.
 
 Reply rules (deterministic for a given model, messages and `seed`; "mentions", "call" and
 "quoted string" are defined in `zml.sim.cues`):
-- a tool is called (exactly one call) when `tools` are given, `tool_choice` is not "none" and
-  the last message is not a tool result (after a tool result the node always answers in text,
-  so agent loops end): a named `tool_choice` calls that tool; "required" calls the first tool
-  the last message mentions, else the first tool; "auto" (the default) calls a tool the last
-  message mentions when that message is from the user. A mention by whole name (or the name
-  with `_`/`-` read as spaces, case-insensitively) beats one by a meaningful word of the name
+- tools are called when `tools` are given, `tool_choice` is not "none" and the last message is
+  not a tool result (after a tool result the node always answers in text, so agent loops
+  end): a named `tool_choice` calls that tool; "required" calls the first tool the last
+  message mentions, else the first tool; "auto" (the default) calls a tool the last message
+  mentions when that message is from the user. A mention by whole name (or the name with
+  `_`/`-` read as spaces, case-insensitively) beats one by a meaningful word of the name
   ("weather" for `get_weather`); among equals, the first tool in `tools` wins;
-- the call's arguments validate against the tool's `parameters`; the last user message fills
-  what it can: a call written in it (`magic_function(3)`) fills the parameters in declaration
-  order, else its first quoted string fills the first string parameter, each value converted
-  to the parameter's type and kept only if its schema accepts it; the rest is generated;
+- parallel calls: under "auto" or "required", unless `parallel_tool_calls` is false, when the
+  last message is from the user and mentions several of the tools (`cues.mentioned_tools`:
+  each occurrence counts for one tool only), the reply calls each of them once, in the order
+  they are mentioned, each call with its own id and arguments. Otherwise (one mention, a
+  named `tool_choice`, `parallel_tool_calls: false`) the reply is one call, chosen as above;
+- each call's arguments validate against its tool's `parameters`; the last user message fills
+  what it can: a call written in it (`magic_function(3)`) fills that tool's parameters in
+  declaration order, else its first quoted string fills the first string parameter, each
+  value converted to the parameter's type and kept only if its schema accepts it; the rest is
+  generated. Each call draws its arguments, then its id, from the request's generator, in
+  call order;
 - else `response_format` json_object / json_schema gives JSON content. json_object: when the
   last user message names keys in quotes ("with 'setup' and 'punchline' keys"), an object of
   exactly those keys with string values, else an object with "answer" and "confidence";
@@ -23,7 +30,12 @@ Reply rules (deterministic for a given model, messages and `seed`; "mentions", "
 earlier (finish_reason "length" when it cuts); with vLLM's `ignore_eos: true` the prose runs to
 exactly `max_tokens` (finish_reason "length"), which benchmarks and demos use for fixed-size or
 long streams. The first `stop` sequence then truncates the content (finish_reason "stop").
-Tool calls are never cut.
+Tool calls are never cut (finish_reason "tool_calls").
+
+Streamed, a reply opens with a role chunk; each tool call then sends one chunk with its
+`index` (0, 1, ... in call order), `id`, `type` and `function.name` (and empty arguments),
+followed by chunks of `index` and argument fragments only, the calls one after another.
+The tool name counts as one completion token, each argument fragment as one.
 """
 
 from __future__ import annotations
@@ -34,7 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zml.sim.cues import json_keys, mentions_name, mentions_word, tool_arguments
+from zml.sim.cues import json_keys, mentioned_tools, mentions_name, mentions_word, tool_arguments
 from zml.sim.schemagen import SchemaGenerationError, generate_json
 from zml.sim.textgen import (
     count_prompt_tokens,
@@ -97,6 +109,7 @@ class ChatRequest:
     seed: int
     tools: list[dict[str, Any]]
     tool_choice: Any
+    parallel_tool_calls: bool
     response_format: dict[str, Any] | None
     """The JSON Schema of the content, or None for prose; json_object keeps a placeholder that
     planning replaces by the keys the prompt names (see the module docstring)."""
@@ -104,35 +117,42 @@ class ChatRequest:
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One function call of a reply."""
+    """One function call of a reply; `pieces` are the fragments of `arguments`, streamed."""
 
     id: str
     name: str
     arguments: str
+    pieces: tuple[str, ...]
+
+    @property
+    def tokens(self) -> int:
+        """Generated tokens of the call: its name, then one per argument fragment."""
+        return 1 + len(self.pieces)
 
 
 @dataclass(frozen=True)
 class Plan:
     """The whole reply, decided before the first token is paced out.
 
-    `pieces` are content tokens, or for a tool call the fragments of its arguments.
+    `pieces` are content tokens (none when the reply calls tools); `tool_calls` the calls, in
+    order.
     """
 
     model: str
     prompt_tokens: int
     pieces: list[str]
-    tool_call: ToolCall | None
+    tool_calls: tuple[ToolCall, ...]
     finish_reason: str
 
     @property
     def completion_tokens(self) -> int:
-        """Generated tokens (the tool name counts as one)."""
-        return len(self.pieces) + (1 if self.tool_call is not None else 0)
+        """Generated tokens (each tool name counts as one)."""
+        return len(self.pieces) + sum(call.tokens for call in self.tool_calls)
 
     @property
     def content(self) -> str | None:
-        """The full content, or None for a tool call."""
-        return None if self.tool_call is not None else "".join(self.pieces)
+        """The full content, or None when the reply calls tools."""
+        return None if self.tool_calls else "".join(self.pieces)
 
     def usage(self) -> dict[str, int]:
         """The OpenAI `usage` object."""
@@ -209,6 +229,11 @@ def parse_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
         raise _bad("stop must be a string or a list of strings", "stop")
     tools = _parse_tools(body.get("tools"))
     tool_choice = _parse_tool_choice(body.get("tool_choice"), tools)
+    parallel_tool_calls = body.get("parallel_tool_calls")
+    if parallel_tool_calls is None:
+        parallel_tool_calls = True
+    elif not isinstance(parallel_tool_calls, bool):
+        raise _bad("parallel_tool_calls must be a boolean", "parallel_tool_calls")
     response_format = _parse_response_format(body.get("response_format"))
     return ChatRequest(
         model=model,
@@ -222,6 +247,7 @@ def parse_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
         seed=seed,
         tools=tools,
         tool_choice=tool_choice,
+        parallel_tool_calls=parallel_tool_calls,
         response_format=response_format,
     )
 
@@ -293,19 +319,26 @@ def _mentioned_tool(tools: list[dict[str, Any]], message: Mapping[str, Any]) -> 
     return None
 
 
-def _pick_tool(request: ChatRequest) -> dict[str, Any] | None:
+def _pick_tools(request: ChatRequest) -> list[dict[str, Any]]:
+    """The tools the reply calls, in call order (see the module docstring)."""
     choice = request.tool_choice
     last = request.messages[-1]
     if not request.tools or choice == "none" or last.get("role") == "tool":
-        return None
+        return []
     if isinstance(choice, dict):
         name = choice["function"]["name"]
-        return next(t for t in request.tools if t["function"]["name"] == name)
-    if choice == "required":
-        return _mentioned_tool(request.tools, last) or request.tools[0]
-    if last.get("role") == "user":
-        return _mentioned_tool(request.tools, last)
-    return None
+        return [next(t for t in request.tools if t["function"]["name"] == name)]
+    if choice != "required" and last.get("role") != "user":
+        return []
+    tool = _mentioned_tool(request.tools, last)
+    if tool is None:
+        return [request.tools[0]] if choice == "required" else []
+    if request.parallel_tool_calls and last.get("role") == "user":
+        names = [t["function"]["name"] for t in request.tools]
+        order = mentioned_tools(names, message_text(last))
+        if len(order) > 1:
+            return [request.tools[i] for i in order]
+    return [tool]
 
 
 def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -356,12 +389,16 @@ def plan_reply(request: ChatRequest) -> Plan:
     """Decide the complete reply to a validated request (see the module docstring)."""
     rng = request_rng(request.model, request.messages, request.seed)
     prompt_tokens = count_prompt_tokens(request.messages, request.tools or None)
-    tool = _pick_tool(request)
-    if tool is not None:
-        function = tool["function"]
-        arguments = _arguments(function, _last_user_text(request.messages), rng)
-        call = ToolCall(f"call_{rng.getrandbits(96):024x}", function["name"], arguments)
-        return Plan(request.model, prompt_tokens, json_pieces(arguments), call, "tool_calls")
+    tools = _pick_tools(request)
+    if tools:
+        text = _last_user_text(request.messages)
+        calls: list[ToolCall] = []
+        for tool in tools:
+            function = tool["function"]
+            arguments = _arguments(function, text, rng)
+            call_id = f"call_{rng.getrandbits(96):024x}"
+            calls.append(ToolCall(call_id, function["name"], arguments, tuple(json_pieces(arguments))))
+        return Plan(request.model, prompt_tokens, [], tuple(calls), "tool_calls")
     cap = request.max_tokens
     schema = request.response_format
     if schema is _JSON_OBJECT_SCHEMA:  # json_object: the keys the prompt names, if any
@@ -380,7 +417,7 @@ def plan_reply(request: ChatRequest) -> Plan:
         pieces, cut = _apply_stop(pieces, request.stop)
         if cut:
             finish = "stop"
-    return Plan(request.model, prompt_tokens, pieces, None, finish)
+    return Plan(request.model, prompt_tokens, pieces, (), finish)
 
 
 def _apply_stop(pieces: list[str], stops: tuple[str, ...]) -> tuple[list[str], bool]:
@@ -405,10 +442,10 @@ def _apply_stop(pieces: list[str], stops: tuple[str, ...]) -> tuple[list[str], b
 def completion_body(plan: Plan, completion_id: str, created: int) -> bytes:
     """The non-streamed `chat.completion` JSON."""
     message: dict[str, Any] = {"role": "assistant", "content": plan.content}
-    if plan.tool_call is not None:
-        call = plan.tool_call
+    if plan.tool_calls:
         message["tool_calls"] = [
             {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in plan.tool_calls
         ]
     return json.dumps(
         {
@@ -430,10 +467,16 @@ _OPEN_TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'
 class ChunkEncoder:
     """Encodes the SSE events of one streamed reply; a chunk costs one small `json.dumps`."""
 
-    __slots__ = ("_completion_id", "_created", "_head", "_plan")
+    __slots__ = ("_call_steps", "_completion_id", "_created", "_head", "_plan")
 
     def __init__(self, plan: Plan, completion_id: str, created: int) -> None:
         self._plan = plan
+        # per step of a tool-call reply: (call index, the call, argument fragment or None for its head)
+        self._call_steps: list[tuple[int, ToolCall, str | None]] = [
+            step
+            for index, call in enumerate(plan.tool_calls)
+            for step in [(index, call, None), *((index, call, piece) for piece in call.pieces)]
+        ]
         self._completion_id = completion_id
         self._created = created
         self._head = (
@@ -446,10 +489,13 @@ class ChunkEncoder:
         return self._head + json.dumps(delta).encode() + _OPEN_TAIL
 
     def step(self, index: int) -> bytes:
-        """The event of the index-th generated token (role chunk first when index is 0)."""
+        """The event of the index-th generated token (role chunk first when index is 0).
+
+        For tool calls, a call's head (index, id, type, name) is the step of its name, then
+        each argument fragment is a step; the calls follow one another.
+        """
         plan = self._plan
-        call = plan.tool_call
-        if call is None:
+        if not self._call_steps:
             event = b""
             if index < len(plan.pieces):
                 content = json.dumps(plan.pieces[index]).encode()
@@ -457,11 +503,17 @@ class ChunkEncoder:
             if index == 0:
                 return self.delta({"role": "assistant", "content": ""}) + event
             return event
+        position, call, piece = self._call_steps[index]
+        delta: dict[str, Any]
+        if piece is None:
+            function = {"name": call.name, "arguments": ""}
+            delta = {"index": position, "id": call.id, "type": "function", "function": function}
+        else:
+            delta = {"index": position, "function": {"arguments": piece}}
+        event = self.delta({"tool_calls": [delta]})
         if index == 0:
-            head = {"index": 0, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
-            return self.delta({"role": "assistant", "content": None}) + self.delta({"tool_calls": [head]})
-        fragment = {"index": 0, "function": {"arguments": plan.pieces[index - 1]}}
-        return self.delta({"tool_calls": [fragment]})
+            return self.delta({"role": "assistant", "content": None}) + event
+        return event
 
     @property
     def steps(self) -> int:
