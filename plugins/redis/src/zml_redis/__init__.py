@@ -1,0 +1,35 @@
+"""zml-redis: shared fleet state and a live policy store for zml replicas, in Redis.
+
+Set ``ZML_REDIS_URL`` (e.g. ``redis://127.0.0.1:6379/0``) in every replica's environment and
+each zml client built there:
+
+* takes a lease in Redis for every slot it reserves on a node (one atomic script per request,
+  leases renewed in the background and expiring 10 s after their holder dies), so replicas
+  together never exceed a node's ``max_concurrency + max_queue``; and routes on the global
+  load of every node;
+* shares health scores and circuit breakers with the other replicas (pub/sub);
+* looks named policies up in the Redis policy store (``zml policies push/list/show/rm``),
+  switching to a pushed policy within a second;
+* keeps serving on its own state, with one warning, while Redis is unreachable, and resumes
+  when it is back.
+
+See the README for keys, settings and tests.
+"""
+
+from __future__ import annotations
+
+from .hub import Hub, hub_for
+from .ledger import RedisLedger
+from .policies import PolicyStore, RedisPolicySource, Snapshot, StoreError
+from .settings import Settings
+
+__all__ = [
+    "Hub",
+    "PolicyStore",
+    "RedisLedger",
+    "RedisPolicySource",
+    "Settings",
+    "Snapshot",
+    "StoreError",
+    "hub_for",
+]

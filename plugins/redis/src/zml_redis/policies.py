@@ -1,0 +1,277 @@
+"""Named policies kept in Redis: the store (written by ``zml policies``) and the live source.
+
+Keys (``{prefix}`` is ``ZML_REDIS_PREFIX``, default ``zml``):
+
+* ``{prefix}:policies`` — hash: policy name → JSON object of its ``zml.Policy`` fields;
+* ``{prefix}:policies:versions`` — hash: policy name → its version, bumped by every push and
+  removal (a policy removed and pushed again goes on counting);
+* ``{prefix}:policies:version`` — the store's version, bumped by every change;
+* channel ``{prefix}:policies:changed`` — ``{"op": "push"|"rm", "names": [...], "version": N}``
+  after every change.
+
+A change is one Lua script (write, bump versions, publish), so a reader never sees a policy
+without its version, nor misses the announcement of a change it can read.
+
+:class:`RedisPolicySource` keeps a mirror of the whole store in memory: lookups never touch
+the network (so they keep working while Redis is down, with the last policies seen). The hub's
+listener thread reads the store again when a change is announced, and after every
+(re)subscription; then the source calls its subscribers, and clients drop their cached policies.
+A store found empty at a lower version than the one mirrored (Redis restarted without its data)
+is reported once and ignored until the next push: clients keep the policies they had.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import zml
+
+from . import scripts
+from .hub import Hub
+from .settings import Settings
+
+__all__ = ["PolicyStore", "RedisPolicySource", "Snapshot", "StoreError"]
+
+log = logging.getLogger("zml.redis")
+
+
+class StoreError(Exception):
+    """A store operation that cannot be done (a missing policy...)."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The whole store at one version."""
+
+    version: int = 0
+    policies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Name → stored fields (without ``name``)."""
+    versions: dict[str, int] = field(default_factory=dict)
+    """Name → the policy's version."""
+    invalid: dict[str, str] = field(default_factory=dict)
+    """Name → stored text that is not a JSON object (written by hand, not by ``push``)."""
+
+
+def _decode(raw: str) -> dict[str, Any] | None:
+    try:
+        fields = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    return fields if isinstance(fields, dict) else None
+
+
+def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
+    """Read the whole store atomically (one MULTI/EXEC)."""
+    pipe = client.pipeline(transaction=True)
+    pipe.hgetall(settings.policies_key)
+    pipe.hgetall(settings.policy_versions_key)
+    pipe.get(settings.store_version_key)
+    raw, versions, version = pipe.execute()
+    policies: dict[str, dict[str, Any]] = {}
+    invalid: dict[str, str] = {}
+    for name, text in raw.items():
+        fields = _decode(text)
+        if fields is None:
+            invalid[name] = text
+        else:
+            policies[name] = fields
+    return Snapshot(
+        int(version or 0),
+        policies,
+        {name: int(versions.get(name, 0)) for name in raw},
+        invalid,
+    )
+
+
+class PolicyStore:
+    """Write access to the policies in Redis (what ``zml policies`` uses).
+
+    Nothing here validates: callers validate against the fleet registry first (see
+    :func:`zml_redis.cli.validate`).
+    """
+
+    def __init__(self, url: str, prefix: str = "zml", timeout_s: float = 2.0) -> None:
+        self.settings = Settings(url=url, prefix=prefix)
+        self.client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0), decode_responses=True,
+        )
+        self._push = self.client.register_script(scripts.PUSH)
+        self._remove = self.client.register_script(scripts.REMOVE)
+
+    def __enter__(self) -> PolicyStore:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.client.close()
+
+    def _keys(self) -> list[str]:
+        s = self.settings
+        return [s.policies_key, s.policy_versions_key, s.store_version_key]
+
+    def push(self, policies: Mapping[str, Mapping[str, Any]]) -> tuple[int, dict[str, int]]:
+        """Write (create or replace) every policy at once; return the store's new version and
+        each policy's."""
+        if not policies:
+            raise StoreError("nothing to push")
+        args: list[str] = [self.settings.policies_channel]
+        for name, fields in policies.items():
+            args += [name, json.dumps(dict(fields), sort_keys=True)]
+        version, versions = self._push(keys=self._keys(), args=args)
+        return int(version), {n: int(v) for n, v in zip(policies, versions, strict=True)}
+
+    def remove(self, names: Iterable[str]) -> tuple[int, dict[str, int]]:
+        """Remove policies, all or none (StoreError naming a missing one)."""
+        wanted = list(dict.fromkeys(names))
+        if not wanted:
+            raise StoreError("nothing to remove")
+        version, result = self._remove(keys=self._keys(),
+                                       args=[self.settings.policies_channel, *wanted])
+        if int(version) == 0:
+            raise StoreError(f"no policy {result!r} in the store; nothing was removed")
+        return int(version), {n: int(v) for n, v in zip(wanted, result, strict=True)}
+
+    def snapshot(self) -> Snapshot:
+        """Every policy with its version, and the store's version."""
+        return read_snapshot(self.client, self.settings)
+
+
+def _lost(current: Snapshot, new: Snapshot) -> bool:
+    """Whether ``new`` looks like a store that lost its data rather than one emptied by
+    ``rm`` (which bumps the version): empty, at a lower version."""
+    return new.version < current.version and not new.policies and not new.invalid
+
+
+class RedisPolicySource:
+    """A :class:`zml.plugins.PolicySource` with ``subscribe``: an in-memory mirror of the
+    store, read again by the hub's listener when the store announces a change."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        settings = hub.settings
+        self.name = f"redis:{settings.where}/{settings.prefix}"
+        self._lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._lost_reported = False
+        self._subscribers: list[Callable[[], Callable[[], None] | None]] = []
+        hub.on_message(settings.policies_channel, self._changed)
+        hub.on_subscribed(self._resubscribed)
+        try:
+            self.reload()
+        except redis.RedisError as exc:  # down at start: no policies from it until it is back
+            hub.failed(exc)
+        hub.start()
+
+    def __repr__(self) -> str:
+        return f"RedisPolicySource({self.name!r}, version={self.version})"
+
+    @property
+    def version(self) -> int:
+        """The store version mirrored (0: never read)."""
+        snapshot = self._snapshot
+        return 0 if snapshot is None else snapshot.version
+
+    def versions(self) -> dict[str, int]:
+        """Each mirrored policy's version."""
+        snapshot = self._snapshot
+        return {} if snapshot is None else dict(snapshot.versions)
+
+    def reload(self) -> bool:
+        """Read the store again; if it changed, call the subscribers. Returns whether it did."""
+        snapshot = read_snapshot(self.hub.client, self.hub.settings)
+        with self._lock:
+            current = self._snapshot
+            if current is not None and current == snapshot:
+                return False
+            if current is not None and current.policies and _lost(current, snapshot):
+                if not self._lost_reported:
+                    self._lost_reported = True
+                    log.warning(
+                        "zml-redis: the policy store %s is empty at version %d, older than the "
+                        "version %d read before: Redis lost its data (restarted without "
+                        "persistence?); keeping what was read before (%d policies) until the next push",
+                        self.name, snapshot.version, current.version, len(current.policies),
+                    )
+                return False
+            self._snapshot = snapshot
+            self._lost_reported = False
+        self._notify()
+        return True
+
+    def _changed(self, data: str) -> None:
+        self.reload()
+
+    def _resubscribed(self) -> None:
+        self.reload()  # changes announced while the listener was away
+
+    def _notify(self) -> None:
+        with self._lock:
+            alive = [(ref, ref()) for ref in self._subscribers]
+            self._subscribers = [ref for ref, callback in alive if callback is not None]
+        for _, callback in alive:
+            if callback is not None:
+                callback()
+
+    # --- PolicySource ----------------------------------------------------------------------------
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        """The mirrored fields of policy ``name`` (with ``name``), or None."""
+        snapshot = self._snapshot
+        if snapshot is None:
+            return None
+        fields = snapshot.policies.get(name)
+        if fields is None and name in snapshot.invalid:
+            raise zml.PolicyConfigError(
+                f"policy source {self.name!r}: the stored fields of policy {name!r} are not a "
+                "JSON object; push it again with 'zml policies push'",
+                field="policy",
+                value=name,
+                source=self.name,
+            )
+        return None if fields is None else {**fields, "name": name}
+
+    def list(self) -> list[str]:
+        """The mirrored policy names, sorted."""
+        snapshot = self._snapshot
+        return [] if snapshot is None else sorted([*snapshot.policies, *snapshot.invalid])
+
+    def subscribe(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (from the listener thread) after each change of the store.
+
+        Bound methods are held weakly, so a client that goes away is not kept alive by it.
+        """
+        ref: Callable[[], Callable[[], None] | None]
+        if hasattr(callback, "__self__") and hasattr(callback, "__func__"):
+            ref = weakref.WeakMethod(callback)
+        else:
+            ref = _Strong(callback)
+        with self._lock:
+            self._subscribers.append(ref)
+
+
+class _Strong:
+    """A strong reference that looks like a weak one."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
+
+    def __call__(self) -> Callable[[], None]:
+        return self.callback
