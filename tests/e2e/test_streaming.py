@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -45,6 +46,19 @@ TOOLS = [
 @pytest.fixture
 def setup(sim_fleet: Any) -> Any:
     return sim_fleet(NODES, POLICIES, time_scale=0.05)
+
+
+def settled(node: Any, timeout: float = 15.0) -> Any:
+    """The node's stats once every request it received has ended (its counters are updated
+    a moment after the client sees the answer): polled, the timeout is a safety net."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = node.stats
+        ended = s.completed_total + s.aborted_total + s.rejected_total + s.dropped_total
+        if (s.running == 0 and s.waiting == 0 and ended == s.requests_total) \
+                or time.monotonic() > deadline:
+            return s
+        time.sleep(0.005)
 
 
 def check_stream(chunks: list[zml.ChatCompletionChunk], text: str, routing: Any) -> None:
@@ -84,7 +98,7 @@ def test_sync_stream_is_dispatched_on_return(setup: Any) -> None:
         assert stream.finish_reason in ("stop", "length")
         assert stream.usage is not None and stream.usage == chunks[-1].usage
         assert list(stream) == []  # a finished stream yields nothing more
-    stats = setup.node("h100-a").stats
+    stats = settled(setup.node("h100-a"))
     assert (stats.requests_total, stats.completed_total, stats.aborted_total) == (1, 1, 0)
 
 
@@ -98,7 +112,7 @@ def test_sync_stream_as_context_manager(setup: Any) -> None:
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens <= 12
         stream.close()  # closing a finished stream is harmless
         assert client.fleet.in_flight == 0
-    assert setup.node("mi-a").stats.completed_total == 1
+    assert settled(setup.node("mi-a")).completed_total == 1
 
 
 def test_async_stream_routing_on_each_chunk(setup: Any) -> None:
@@ -120,8 +134,8 @@ def test_async_stream_routing_on_each_chunk(setup: Any) -> None:
             assert client.fleet.in_flight == 0
 
     asyncio.run(main())
-    assert setup.node("h100-a").stats.completed_total == 1
-    assert setup.node("mi-a").stats.completed_total == 1
+    assert settled(setup.node("h100-a")).completed_total == 1
+    assert settled(setup.node("mi-a")).completed_total == 1
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])

@@ -477,12 +477,14 @@ class AsyncClient(_BaseClient):
             with contextlib.suppress(RuntimeError):  # the loop is already closed
                 loop.call_soon_threadsafe(event.set)
 
+        # A timer rather than asyncio.wait_for: before Python 3.12, wait_for swallows a
+        # cancellation that arrives just as the event is set, and the request would stay queued.
+        timer = loop.call_later(delay, event.set)
         add_capacity_waiter(wake)
         try:
-            await asyncio.wait_for(event.wait(), delay)
-        except asyncio.TimeoutError:
-            pass
+            await event.wait()
         finally:
+            timer.cancel()
             remove_capacity_waiter(wake)
 
     async def aclose(self) -> None:

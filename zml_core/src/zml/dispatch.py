@@ -124,7 +124,8 @@ class Timeouts:
     Attributes:
         total: the overall deadline of a request: queueing, every attempt, and the whole stream.
         connect: establishing a connection to a node.
-        first_token: from sending to the first byte of the answer (per attempt).
+        first_token: from sending to the first byte of a streamed answer (per attempt); a
+            non-streamed answer arrives whole, within ``total``.
         idle: between two chunks of a stream.
     """
 
@@ -374,7 +375,7 @@ class Call:
             now = d.clock()
             self._check_deadline(now)
             queue = self._queue()
-            if queue is not None and queue and queue[0] is not self and self in queue:
+            if queue and self in queue and self._behind(queue):
                 return self._wait_in_queue(now)
             d.fleet.refresh(now)
             t0 = time.perf_counter()
@@ -390,6 +391,10 @@ class Call:
             )
             decision_us = (time.perf_counter() - t0) * 1e6
             if isinstance(decision, routing.Decision):
+                if queue and self.queued_at is None and not self.attempts and self._behind(queue):
+                    # A slot is free, but requests queued earlier for this model come first.
+                    self.last_trace = [e.as_dict() for e in decision.evaluated]
+                    return self._enqueue(now, queue, self._context_from_trace("queue_full"))
                 self._leave_queue()
                 return self._reserve(decision, now, decision_us)
             self.last_trace = [e.as_dict() for e in decision.evaluated]
@@ -424,8 +429,9 @@ class Call:
     def _attempt_timeout(self, now: float) -> httpx2.Timeout:
         """Per-attempt timeouts, none beyond the overall deadline.
 
-        A non-streamed answer arrives whole, so its read timeout is the time left; a stream's
-        socket reads wait at most for the first token, then at most ``idle`` between chunks.
+        A non-streamed answer arrives whole, so its read timeout is the time left. A stream's
+        read timeout here bounds the wait for the answer to start (``first_token``, else
+        ``idle``); once it started, the stream switches to :meth:`idle_timeout`.
         """
         t = self.timeouts
         remaining = None if self.deadline is None else max(0.001, self.deadline - now)
@@ -436,11 +442,19 @@ class Call:
             return value if remaining is None else min(value, remaining)
 
         read: float | None = None
-        if self.stream and (t.first_token is not None or t.idle is not None):
-            read = max(t.first_token or 0.0, t.idle or 0.0)
+        if self.stream:
+            read = t.first_token if t.first_token is not None else t.idle
         return httpx2.Timeout(
             connect=cap(t.connect), read=cap(read), write=cap(t.connect), pool=cap(t.connect)
         )
+
+    def idle_timeout(self) -> float | None:
+        """A stream's read timeout once its answer has started: ``idle``, within the deadline."""
+        idle = self.timeouts.idle
+        if self.deadline is None:
+            return idle
+        remaining = max(0.001, self.deadline - self.d.clock())
+        return remaining if idle is None else min(idle, remaining)
 
     def _no_route(self, decision: routing.NoRoute, now: float, queue: deque[Call] | None) -> Wait:
         # A rate-limited node whose Retry-After falls within the deadline: wait and retry it.
@@ -455,23 +469,39 @@ class Call:
         policy = self.policy
         if policy is not None and policy.queue_on_saturation and queue is not None:
             if self.queued_at is None:
-                if len(queue) >= QUEUE_LIMIT:
-                    ctx = decision.context()
-                    ctx["final_error"] = "queue_full"
-                    ctx["recommendation"] = (
-                        f"{QUEUE_LIMIT} requests are already queued for policy {policy.name!r}; "
-                        "increase fleet capacity"
-                    )
-                    raise RoutingError(ctx)
-                self.queued_at = now
-                wait_s = policy.max_queue_ms / 1e3 if policy.max_queue_ms else None
-                limit = None if wait_s is None else now + wait_s
-                if self.deadline is not None:
-                    limit = self.deadline if limit is None else min(limit, self.deadline)
-                self.queue_deadline = limit
-                queue.append(self)
+                return self._enqueue(now, queue, decision.context())
             return self._wait_in_queue(now)
         raise RoutingError(decision.context())
+
+    def _enqueue(self, now: float, queue: deque[Call], context: dict[str, Any]) -> Wait:
+        """Join the back of the policy's saturation queue (``context`` for queue_full)."""
+        policy = self.policy
+        assert policy is not None
+        if len(queue) >= QUEUE_LIMIT:
+            context["final_error"] = "queue_full"
+            context["recommendation"] = (
+                f"{QUEUE_LIMIT} requests are already queued for policy {policy.name!r}; "
+                "increase fleet capacity"
+            )
+            raise RoutingError(context)
+        self.queued_at = now
+        wait_s = policy.max_queue_ms / 1e3 if policy.max_queue_ms else None
+        limit = None if wait_s is None else now + wait_s
+        if self.deadline is not None:
+            limit = self.deadline if limit is None else min(limit, self.deadline)
+        self.queue_deadline = limit
+        queue.append(self)
+        return self._wait_in_queue(now)
+
+    def _behind(self, queue: deque[Call]) -> bool:
+        """Whether a request for the same model queued before this one (FIFO per model; a
+        request not in the queue is behind every queued one)."""
+        for other in queue:
+            if other is self:
+                return False
+            if other.model == self.model:
+                return True
+        return False
 
     def _wait_in_queue(self, now: float) -> Wait:
         if self.queue_deadline is not None and now >= self.queue_deadline:
@@ -498,9 +528,8 @@ class Call:
             return
         queue = self.d._queues.get(self.policy.name)
         if queue is not None and self in queue:
-            was_head = queue[0] is self
             queue.remove(self)
-            if was_head and queue:
+            if queue:  # the next request for this model may route now
                 notify_capacity()
 
     def _context_from_trace(self, final_error: str) -> dict[str, Any]:

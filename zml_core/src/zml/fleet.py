@@ -11,8 +11,9 @@ Routing decides from this state; dispatch changes it. Three rules keep it honest
   the client's own reservations and what the node last reported on ``/metrics``.
 
 Health score (0..1): an EWMA of call outcomes (success 1, failure 0, weight ``HEALTH_ALPHA``)
-and of probe results; after a failure it recovers linearly to 1 over ``HEALTH_RECOVERY_S``
-without traffic, so a node skipped for low health is tried again later.
+and of probe results; after a failure it recovers linearly without traffic, at a rate of 1 per
+``HEALTH_RECOVERY_S`` (so back to 1 within ``HEALTH_RECOVERY_S``), so a node skipped for low
+health is tried again later.
 
 Circuit breaker, per node: ``CIRCUIT_FAILURES`` consecutive failures open it for
 ``CIRCUIT_COOLDOWN_S``; then it is half-open and admits one trial request; success closes it,
@@ -40,6 +41,7 @@ __all__ = [
     "Fleet",
     "NodeState",
     "Reservation",
+    "report_load",
 ]
 
 EWMA_ALPHA = 0.2
@@ -181,6 +183,20 @@ def notify_capacity() -> None:
         wake()
 
 
+def report_load(node: NodeState, now: float, reported_load: int) -> None:
+    """A load report that says nothing about liveness (a shared ledger's lease count, say):
+    merge it into ``node.load``, and wake queued requests when the load went down.
+    (A probe's report goes through :meth:`Fleet.record_probe`, which also feeds health.)"""
+    with STATE_LOCK:
+        before = node.load
+        node.reported_load = reported_load
+        node.reported_at = now
+        node._update_load()
+        freed = node.load < before
+    if freed:
+        notify_capacity()
+
+
 class Fleet:
     """The nodes of one registry, indexed for routing (satisfies ``routing.FleetView``)."""
 
@@ -267,7 +283,10 @@ class Fleet:
             elapsed = now - node.health_at
             if elapsed <= 0:
                 continue
-            recovered = min(1.0, node.health + (1.0 - node.health) * elapsed / HEALTH_RECOVERY_S)
+            # A constant rate (0 to 1 in HEALTH_RECOVERY_S): the same recovery however often
+            # routing refreshes (a rate proportional to the deficit would slow down with every
+            # refresh and, under steady traffic, never reach 1).
+            recovered = min(1.0, node.health + elapsed / HEALTH_RECOVERY_S)
             node.health = recovered
             node.health_at = now
             if recovered >= 1.0:

@@ -11,8 +11,8 @@ the same explicitly.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncGenerator, Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+from typing import TYPE_CHECKING, Any, overload
 
 import httpx2
 
@@ -99,6 +99,14 @@ class Stream(_StreamInfo):
         self._state = None
         self._state = _open_sync(call, http, wait)
 
+    def __del__(self) -> None:
+        # A stream dropped without being read to the end or closed still frees its slot.
+        state = getattr(self, "_state", None)
+        if state is not None and not state.closed:
+            state.closed = True
+            state.call.ended(None)
+            state.response.close()
+
     def __iter__(self) -> Iterator[ChatCompletionChunk]:
         state = self._state
         assert state is not None
@@ -176,7 +184,7 @@ class AsyncStream(_StreamInfo):
         return self._state
 
     def __aiter__(self) -> AsyncGenerator[ChatCompletionChunk, None]:
-        return self._iterate()
+        return _Chunks(self, self._iterate())
 
     async def _iterate(self) -> AsyncGenerator[ChatCompletionChunk, None]:
         state = await self._ensure_open()
@@ -229,6 +237,55 @@ class AsyncStream(_StreamInfo):
         await self.aclose()
 
 
+class _Chunks(AsyncGenerator[ChatCompletionChunk, None]):
+    """The iterator of ``async for chunk in stream``: the stream's generator, plus a prompt
+    release of the slot when the loop is left early.
+
+    After ``break`` Python does not close an async generator at once: asyncio schedules its
+    ``aclose()`` for later, and until then the slot would look taken (a request made right
+    after the loop could find the node full). This wrapper, dropped with the loop, frees the
+    slot at once; the generator's scheduled close then closes the connection.
+    """
+
+    __slots__ = ("_gen", "_stream")
+
+    def __init__(self, stream: AsyncStream,
+                 gen: AsyncGenerator[ChatCompletionChunk, None]) -> None:
+        self._stream = stream
+        self._gen = gen
+
+    def __anext__(self) -> Coroutine[Any, Any, ChatCompletionChunk]:
+        return self._gen.__anext__()
+
+    def asend(self, value: None) -> Coroutine[Any, Any, ChatCompletionChunk]:
+        return self._gen.asend(value)
+
+    @overload
+    def athrow(self, typ: type[BaseException], val: BaseException | object = None,
+               tb: TracebackType | None = None, /) -> Coroutine[Any, Any, ChatCompletionChunk]:
+        ...
+
+    @overload
+    def athrow(self, typ: BaseException, val: None = None, tb: TracebackType | None = None, /
+               ) -> Coroutine[Any, Any, ChatCompletionChunk]:
+        ...
+
+    def athrow(self, typ: Any, val: Any = None, tb: Any = None, /
+               ) -> Coroutine[Any, Any, ChatCompletionChunk]:
+        if val is None and tb is None:
+            return self._gen.athrow(typ)
+        return self._gen.athrow(typ, val, tb)
+
+    def aclose(self) -> Coroutine[Any, Any, None]:
+        return self._gen.aclose()
+
+    def __del__(self) -> None:
+        state = self._stream._state
+        if state is not None and not state.closed:
+            state.closed = True
+            state.call.ended(None)
+
+
 def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]) -> _StreamState:
     """The attempt loop for a stream: dispatch until a first chunk arrives."""
     try:
@@ -253,6 +310,7 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]) ->
                     response.read()
                     check_status(response.status_code, response.headers, response.content,
                                  step.node.id)
+                _answer_started(request, call)
                 events = iter_events(response)
                 first = decoder.feed(_no_events(next(events, None), step))
             except (httpx2.HTTPError, NodeError) as exc:
@@ -270,6 +328,17 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]) ->
     except BaseException as exc:
         call.ended(exc)
         raise
+
+
+def _answer_started(request: httpx2.Request, call: Call) -> None:
+    """The node answered (headers in): from here on, reads wait at most the idle timeout.
+
+    The first-token timeout was the read timeout until now; the transport takes the body's
+    read timeout from the request's ``timeout`` extension when the body is first read.
+    """
+    timeout = request.extensions.get("timeout")
+    if isinstance(timeout, dict):
+        timeout["read"] = call.idle_timeout()
 
 
 def _mid_stream_error(state: _StreamState, exc: httpx2.HTTPError) -> NodeError | ZMLTimeoutError:
@@ -313,6 +382,7 @@ async def _open_async(call: Call, http: httpx2.AsyncClient,
                     await response.aread()
                     check_status(response.status_code, response.headers, response.content,
                                  step.node.id)
+                _answer_started(request, call)
                 aevents = aiter_events(response)
                 first = decoder.feed(_no_events(await anext(aevents, None), step))
             except (httpx2.HTTPError, NodeError) as exc:

@@ -51,7 +51,7 @@ from redis.connection import parse_url
 from redis.exceptions import NoScriptError, ResponseError, TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from zml.fleet import STATE_LOCK, Fleet, NodeState, notify_capacity
+from zml.fleet import Fleet, NodeState, report_load as merge_load
 
 from . import scripts
 from .settings import Settings
@@ -90,20 +90,9 @@ class Attached(Protocol):
 
 
 def report_load(node: NodeState, count: int, now: float) -> None:
-    """Make ``count`` (the leases every process holds on ``node``) the node's reported load.
-
-    Like a probe's load report, without a probe's effect on health: ``Fleet.record_probe``
-    also counts as a liveness observation, which a lease count is not. Wakes requests queued
-    for capacity when the load went down.
-    """
-    with STATE_LOCK:
-        before = node.load
-        node.reported_load = count
-        node.reported_at = now
-        node._update_load()
-        freed = node.load < before
-    if freed:
-        notify_capacity()
+    """Make ``count`` (the leases every process holds on ``node``) the node's reported load,
+    without a probe's effect on health (a lease count is no liveness observation)."""
+    merge_load(node, now, count)
 
 
 _SCRIPTS = {name: getattr(scripts, name) for name in ("ACQUIRE", "RELEASE", "RENEW", "LOADS")}

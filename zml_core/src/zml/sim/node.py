@@ -141,9 +141,9 @@ def _hit(rng: random.Random, rate: float) -> bool:
 
 
 async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
-    delay = deadline - loop.time()
-    if delay > 0:
-        await asyncio.sleep(delay)
+    # Always yield: a node running behind schedule must still let other nodes run and notice
+    # its clients' disconnects, rather than pour out the rest of an answer in one go.
+    await asyncio.sleep(max(0.0, deadline - loop.time()))
 
 
 async def _read_body(receive: Receive) -> bytes | None:
