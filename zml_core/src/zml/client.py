@@ -20,8 +20,18 @@ import httpx2
 from pydantic import ValidationError
 
 from .config import EMPTY_REGISTRY, Registry, activate, discover_path, load_registry
-from .dispatch import MAX_ATTEMPTS, Call, Dispatcher, ResponseSummary, Step, Timeouts, Wait
-from .errors import InvalidRequestError, NodeError, NodeProtocolError
+from .dispatch import (
+    MAX_ATTEMPTS,
+    Call,
+    Dispatcher,
+    ResponseSummary,
+    Step,
+    Timeouts,
+    Wait,
+    adrive,
+    drive,
+)
+from .errors import InvalidRequestError, NodeProtocolError
 from .fleet import Fleet, add_capacity_waiter, remove_capacity_waiter
 from .policy import Policy, PolicyRef, resolve_policy
 from .probe import Prober
@@ -198,9 +208,17 @@ def _completion(data: dict[str, Any], routing: RoutingInfo, node_id: str) -> Cha
         ) from None
 
 
-def _summary(completion: ChatCompletion) -> ResponseSummary:
+def _finish(call: Call, step: Step, data: dict[str, Any]) -> ChatCompletion:
+    """The answered call's ChatCompletion; the call ends here, one way or the other."""
+    try:
+        completion = _completion(data, step.routing, step.node.id)
+    except BaseException as exc:
+        call.ended(exc)
+        raise
     reason = completion.choices[0].finish_reason if completion.choices else None
-    return ResponseSummary(completion.id, completion.model, reason)
+    call.succeeded(step, data.get("usage"),
+                   ResponseSummary(completion.id, completion.model, reason))
+    return completion
 
 
 class Client(_BaseClient):
@@ -284,29 +302,8 @@ class Client(_BaseClient):
             InvalidRequestError: a bad argument. NodeError subclasses: the node failed.
         """
         call = self._call(model, messages, policy, accelerator, params, False, metadata, timeout)
-        try:
-            while True:
-                step = call.next()
-                if isinstance(step, Wait):
-                    self._wait(step)
-                    continue
-                ledger = call.ledger
-                if ledger is not None:
-                    lease = call.lease_id(step)
-                    if not call.leased(step, lease, ledger.acquire(step.node, lease)):
-                        continue
-                call.sent(step)
-                try:
-                    data = self._post(call, step)
-                except NodeError as exc:
-                    call.failed(step, exc)
-                    continue
-                completion = _completion(data, step.routing, step.node.id)
-                call.succeeded(step, data.get("usage"), _summary(completion))
-                return completion
-        except BaseException as exc:
-            call.ended(exc)
-            raise
+        step, data = drive(call, self._wait, lambda step: self._post(call, step))
+        return _finish(call, step, data)
 
     def infer_stream(
         self,
@@ -412,29 +409,8 @@ class AsyncClient(_BaseClient):
         """Send a chat completion to the node the policy picks; see :meth:`Client.infer`."""
         call = self._call(model, messages, policy, accelerator, params, False, metadata, timeout)
         self._start_probing()
-        try:
-            while True:
-                step = call.next()
-                if isinstance(step, Wait):
-                    await self._wait(step)
-                    continue
-                ledger = call.ledger
-                if ledger is not None:
-                    lease = call.lease_id(step)
-                    if not call.leased(step, lease, await ledger.aacquire(step.node, lease)):
-                        continue
-                call.sent(step)
-                try:
-                    data = await self._post(call, step)
-                except NodeError as exc:
-                    call.failed(step, exc)
-                    continue
-                completion = _completion(data, step.routing, step.node.id)
-                call.succeeded(step, data.get("usage"), _summary(completion))
-                return completion
-        except BaseException as exc:
-            call.ended(exc)
-            raise
+        step, data = await adrive(call, self._wait, lambda step: self._post(call, step))
+        return _finish(call, step, data)
 
     def infer_stream(
         self,

@@ -1,10 +1,11 @@
 """One logical request, from its arguments to exactly one response or one error.
 
-The attempt loop is written once, here, without I/O. A :class:`Call` answers "what next?":
-a :class:`Step` (send to this node, a slot is reserved) or a :class:`Wait` (the policy queues
-on saturation, or a node asked to retry later); the driver reports back what happened. The sync
-``Client`` and async ``AsyncClient`` are drivers of a dozen lines each that do the sending and
-the waiting.
+The attempt loop is written once, here, without I/O: :meth:`Call.attempt_flow` is a generator
+that yields what to do next (a :class:`Wait`: the policy queues on saturation, or a node asked
+to retry later; a :class:`Lease` from a cross-process ledger; a :class:`Send` of the request to
+the node whose slot it reserved) and receives what happened. :func:`drive` runs it with
+blocking I/O and :func:`adrive` with ``await``; the sync ``Client``, the ``AsyncClient`` and
+both stream openers each hand them a send function, and nothing else.
 
 Failover rules (the contract):
 
@@ -30,9 +31,9 @@ import random
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import httpx2
 
@@ -177,6 +178,84 @@ class Wait:
 
     until: float
     for_capacity: bool
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Ask ``ledger`` for a lease on ``step``'s node; answer with the bool it returns."""
+
+    ledger: SlotLedger
+    step: Step
+    lease_id: str
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send the request on ``step``; answer with the result, or the NodeError it raised."""
+
+    step: Step
+
+
+Operation = Wait | Lease | Send
+"""What :meth:`Call.attempt_flow` asks its driver to do."""
+
+_T = TypeVar("_T")
+
+
+def drive(call: Call, wait: Callable[[Wait], None], send: Callable[[Step], _T]) -> tuple[Step, _T]:
+    """Run ``call``'s attempt flow with blocking I/O: the sync client's whole attempt loop.
+
+    ``send`` performs one attempt and returns its result (raising a NodeError on failure).
+    Returns the step that answered and its result; on any exception the call is ended.
+    """
+    flow = call.attempt_flow()
+    try:
+        op = next(flow)
+        while True:
+            outcome: object
+            if isinstance(op, Wait):
+                wait(op)
+                outcome = None
+            elif isinstance(op, Lease):
+                outcome = op.ledger.acquire(op.step.node, op.lease_id)
+            else:
+                try:
+                    outcome = send(op.step)
+                except NodeError as exc:
+                    outcome = exc
+            op = flow.send(outcome)
+    except StopIteration as done:
+        return cast("tuple[Step, _T]", done.value)
+    except BaseException as exc:
+        call.ended(exc)
+        raise
+
+
+async def adrive(
+    call: Call, wait: Callable[[Wait], Awaitable[None]], send: Callable[[Step], Awaitable[_T]]
+) -> tuple[Step, _T]:
+    """:func:`drive` for the async client: the same flow, awaiting each operation."""
+    flow = call.attempt_flow()
+    try:
+        op = next(flow)
+        while True:
+            outcome: object
+            if isinstance(op, Wait):
+                await wait(op)
+                outcome = None
+            elif isinstance(op, Lease):
+                outcome = await op.ledger.aacquire(op.step.node, op.lease_id)
+            else:
+                try:
+                    outcome = await send(op.step)
+                except NodeError as exc:
+                    outcome = exc
+            op = flow.send(outcome)
+    except StopIteration as done:
+        return cast("tuple[Step, _T]", done.value)
+    except BaseException as exc:
+        call.ended(exc)
+        raise
 
 
 def validate_messages(messages: object) -> list[dict[str, Any]]:
@@ -367,6 +446,32 @@ class Call:
         return self.policy.name if self.policy is not None else None
 
     # --- deciding --------------------------------------------------------------------------
+
+    def attempt_flow(self) -> Generator[Operation, object, tuple[Step, object]]:
+        """The attempt loop, without I/O: yields what to do, receives what happened.
+
+        Route and reserve; wait when told to; take a lease when a ledger is installed (a
+        refusal routes again); send; on a NodeError before the first token, mark the node
+        and route again (``failed`` raises when that is over). Returns the step that answered
+        and what its send returned. :func:`drive` and :func:`adrive` run it.
+        """
+        while True:
+            step = self.next()
+            if isinstance(step, Wait):
+                yield step
+                continue
+            ledger = self.ledger
+            if ledger is not None:
+                lease_id = self.lease_id(step)
+                granted = yield Lease(ledger, step, lease_id)
+                if not self.leased(step, lease_id, bool(granted)):
+                    continue
+            self.sent(step)
+            outcome = yield Send(step)
+            if isinstance(outcome, NodeError):
+                self.failed(step, outcome)
+                continue
+            return step, outcome
 
     def next(self) -> Step | Wait:
         """Route and reserve a slot (a Step), or say how long to wait; raise when it is over."""

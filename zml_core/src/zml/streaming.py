@@ -11,12 +11,12 @@ the same explicitly.
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, overload
 
 import httpx2
 
-from .dispatch import Call, ResponseSummary, Step, Wait
+from .dispatch import Call, ResponseSummary, Step, Wait, adrive, drive
 from .errors import NodeConnectionError, NodeError, ZMLTimeoutError
 from .transport import StreamDecoder, aiter_events, check_status, iter_events, stream_error
 from .types import ChatCompletionChunk, RoutingInfo, Usage, build_chunk
@@ -286,48 +286,72 @@ class _Chunks(AsyncGenerator[ChatCompletionChunk, None]):
             state.call.ended(None)
 
 
+_Opened = tuple[httpx2.Response, Any, StreamDecoder, "dict[str, Any] | None"]
+"""An attempt whose answer has begun: the response, its event iterator, decoder, first chunk."""
+
+
 def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]) -> _StreamState:
-    """The attempt loop for a stream: dispatch until a first chunk arrives."""
-    try:
-        while True:
-            step = call.next()
-            if isinstance(step, Wait):
-                wait(step)
-                continue
-            ledger = call.ledger
-            if ledger is not None:
-                lease = call.lease_id(step)
-                if not call.leased(step, lease, ledger.acquire(step.node, lease)):
-                    continue
-            call.sent(step)
-            decoder = StreamDecoder(step.node.id)
-            response: httpx2.Response | None = None
-            try:
-                request = http.build_request("POST", step.url, content=call.body,
-                                             headers=call.headers, timeout=step.timeout)
-                response = http.send(request, stream=True)
-                if response.status_code >= 400:
-                    response.read()
-                    check_status(response.status_code, response.headers, response.content,
-                                 step.node.id)
-                _answer_started(request, call)
-                events = iter_events(response)
-                first = decoder.feed(_no_events(next(events, None), step))
-            except (httpx2.HTTPError, NodeError) as exc:
-                if response is not None:
-                    response.close()
-                err = exc if isinstance(exc, NodeError) else stream_error(exc, decoder)
-                call.failed(step, err)
-                continue
-            except BaseException:
-                if response is not None:
-                    response.close()
-                raise
-            call.first_token(step)
-            return _StreamState(call, step, response, events, decoder, first)
-    except BaseException as exc:
-        call.ended(exc)
-        raise
+    """Dispatch a stream (failover included) until its first chunk arrives."""
+
+    def attempt(step: Step) -> _Opened:
+        decoder = StreamDecoder(step.node.id)
+        response: httpx2.Response | None = None
+        try:
+            request = http.build_request("POST", step.url, content=call.body,
+                                         headers=call.headers, timeout=step.timeout)
+            response = http.send(request, stream=True)
+            if response.status_code >= 400:
+                response.read()
+                check_status(response.status_code, response.headers, response.content,
+                             step.node.id)
+            _answer_started(request, call)
+            events = iter_events(response)
+            return response, events, decoder, decoder.feed(_no_events(next(events, None), step))
+        except BaseException as exc:
+            if response is not None:
+                response.close()
+            if isinstance(exc, httpx2.HTTPError):
+                raise stream_error(exc, decoder) from exc
+            raise
+
+    step, opened = drive(call, wait, attempt)
+    return _started(call, step, opened)
+
+
+async def _open_async(call: Call, http: httpx2.AsyncClient,
+                      wait: Callable[[Wait], Awaitable[None]]) -> _StreamState:
+    """:func:`_open_sync` for the async client."""
+
+    async def attempt(step: Step) -> _Opened:
+        decoder = StreamDecoder(step.node.id)
+        response: httpx2.Response | None = None
+        try:
+            request = http.build_request("POST", step.url, content=call.body,
+                                         headers=call.headers, timeout=step.timeout)
+            response = await http.send(request, stream=True)
+            if response.status_code >= 400:
+                await response.aread()
+                check_status(response.status_code, response.headers, response.content,
+                             step.node.id)
+            _answer_started(request, call)
+            events = aiter_events(response)
+            first = decoder.feed(_no_events(await anext(events, None), step))
+            return response, events, decoder, first
+        except BaseException as exc:
+            if response is not None:
+                await response.aclose()
+            if isinstance(exc, httpx2.HTTPError):
+                raise stream_error(exc, decoder) from exc
+            raise
+
+    step, opened = await adrive(call, wait, attempt)
+    return _started(call, step, opened)
+
+
+def _started(call: Call, step: Step, opened: _Opened) -> _StreamState:
+    response, events, decoder, first = opened
+    call.first_token(step)
+    return _StreamState(call, step, response, events, decoder, first)
 
 
 def _answer_started(request: httpx2.Request, call: Call) -> None:
@@ -358,46 +382,4 @@ def _no_events(data: str | None, step: Step) -> str:
     return data
 
 
-async def _open_async(call: Call, http: httpx2.AsyncClient,
-                      wait: Callable[[Wait], Any]) -> _StreamState:
-    try:
-        while True:
-            step = call.next()
-            if isinstance(step, Wait):
-                await wait(step)
-                continue
-            ledger = call.ledger
-            if ledger is not None:
-                lease = call.lease_id(step)
-                if not call.leased(step, lease, await ledger.aacquire(step.node, lease)):
-                    continue
-            call.sent(step)
-            decoder = StreamDecoder(step.node.id)
-            response: httpx2.Response | None = None
-            try:
-                request = http.build_request("POST", step.url, content=call.body,
-                                             headers=call.headers, timeout=step.timeout)
-                response = await http.send(request, stream=True)
-                if response.status_code >= 400:
-                    await response.aread()
-                    check_status(response.status_code, response.headers, response.content,
-                                 step.node.id)
-                _answer_started(request, call)
-                aevents = aiter_events(response)
-                first = decoder.feed(_no_events(await anext(aevents, None), step))
-            except (httpx2.HTTPError, NodeError) as exc:
-                if response is not None:
-                    await response.aclose()
-                err = exc if isinstance(exc, NodeError) else stream_error(exc, decoder)
-                call.failed(step, err)
-                continue
-            except BaseException:
-                if response is not None:
-                    await response.aclose()
-                raise
-            call.first_token(step)
-            return _StreamState(call, step, response, aevents, decoder, first)
-    except BaseException as exc:
-        call.ended(exc)
-        raise
 
