@@ -280,3 +280,12 @@ def test_malformed_node_answer_is_a_protocol_error(config: Path) -> None:
             pytest.raises(zml.NodeProtocolError, match="malformed"):
         c.infer(model="m", messages=MSGS)
         assert c.fleet.in_flight == 0
+
+
+def test_retry_after_ms_takes_precedence(drive: Any, fleet: Fleet) -> None:
+    fleet.on("h100-a", (429, {"retry-after": "5", "retry-after-ms": "20"}), "ok")
+    # With a 2 s deadline, the 5 s hint alone would leave no retry within it: only the 20 ms
+    # hint lets the second attempt happen.
+    r = drive({"timeout": 2.0}, model="m", messages=MSGS, accelerator="H100")
+    assert fleet.hosts() == ["h100-a", "h100-a"]
+    assert r.routing.attempts[0].error == "rate_limited"

@@ -56,3 +56,14 @@ def test_timeouts_are_also_builtin_timeouts() -> None:
     assert issubclass(zml.NodeTimeoutError, TimeoutError)
     assert issubclass(zml.IncompleteStreamError, zml.NodeProtocolError)
     assert issubclass(zml.InvalidRequestError, ValueError)
+
+
+def test_retry_after_headers() -> None:
+    import httpx2
+
+    from zml.transport import _retry_after
+
+    assert _retry_after(httpx2.Headers({"retry-after": "2"})) == 2.0
+    assert _retry_after(httpx2.Headers({"retry-after-ms": "250", "retry-after": "1"})) == 0.25
+    assert _retry_after(httpx2.Headers({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})) is None
+    assert _retry_after(httpx2.Headers({})) is None

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -252,9 +253,11 @@ class Fleet:
         """Requests this process has in flight on the fleet's nodes (reserved slots)."""
         return sum(n.in_flight for n in self._nodes.values())
 
-    def status(self) -> list[dict[str, Any]]:
-        """A plain snapshot of every node, for ``zml fleet status`` and tests."""
+    def status(self, now: float | None = None) -> list[dict[str, Any]]:
+        """A plain snapshot of every node, for ``zml fleet status`` and tests (health as of
+        ``now``, default the monotonic clock)."""
         with STATE_LOCK:
+            self.refresh(time.monotonic() if now is None else now)
             return [
                 {
                     "id": n.id,

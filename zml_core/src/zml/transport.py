@@ -80,13 +80,17 @@ def check_status(status: int, headers: httpx2.Headers, content: bytes, node_id: 
 
 
 def _retry_after(headers: httpx2.Headers) -> float | None:
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None  # an HTTP date: treat as "no hint" rather than guess clocks
+    """Seconds to wait before retrying: ``retry-after-ms`` (as OpenAI and vLLM-style servers
+    send it) takes precedence over ``Retry-After`` in seconds; an HTTP date is no hint."""
+    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) * scale)
+        except ValueError:
+            continue
+    return None
 
 
 def decode_completion(content: bytes, node_id: str) -> dict[str, Any]:
