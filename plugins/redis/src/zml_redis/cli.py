@@ -31,6 +31,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 import zml
+from zml.cli.policy_args import add_policy_arguments, policy_fields
 
 from .settings import ENV_PREFIX, ENV_URL, redact
 
@@ -38,14 +39,6 @@ if TYPE_CHECKING:
     from zml.config import Registry
 
 __all__ = ["add_commands", "load_policy_file", "run", "validate"]
-
-_FLAGS: tuple[tuple[str, str, Any], ...] = (
-    ("--latency-target-ms", "latency_target_ms", float),
-    ("--cost-priority", "cost_priority", str),
-    ("--max-queue-ms", "max_queue_ms", float),
-    ("--health-threshold", "health_threshold", float),
-)
-
 
 class CommandError(Exception):
     """A failure reported as ``zml policies: error: ...`` with exit status 1."""
@@ -76,15 +69,7 @@ def add_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
     push.add_argument("file", nargs="?", help="a .toml or .json file of policy tables")
     push.add_argument("--config", help="zml.toml to validate against (default: discovered)")
     push.add_argument("--name", help="push one policy with the fields given as flags")
-    push.add_argument("--chain",
-                      help="accelerator_chain: families in order, comma-separated (H100,MI300X)")
-    for flag, dest, kind in _FLAGS:
-        push.add_argument(flag, dest=dest, type=kind, help=dest)
-    push.add_argument("--queue-on-saturation", dest="queue_on_saturation",
-                      action=argparse.BooleanOptionalAction, default=None,
-                      help="queue_on_saturation")
-    push.add_argument("--json", dest="json_fields",
-                      help="Policy fields as a JSON object (the flags override it)")
+    add_policy_arguments(push)
 
     ls = sub.add_parser("list", parents=[common], help="list the stored policies")
     ls.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
@@ -173,28 +158,6 @@ def validate(
     return stored
 
 
-def _flag_fields(args: argparse.Namespace) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    if args.json_fields:
-        try:
-            loaded = json.loads(args.json_fields)
-        except json.JSONDecodeError as exc:
-            raise CommandError(f"--json is not valid JSON: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise CommandError("--json must be a JSON object of Policy fields")
-        fields.update(loaded)
-    if args.chain is not None:
-        fields["accelerator_chain"] = [f.strip() for f in args.chain.split(",") if f.strip()]
-    for _, dest, _ in _FLAGS:
-        value = getattr(args, dest)
-        if value is not None:
-            fields[dest] = value
-    if args.queue_on_saturation is not None:
-        fields["queue_on_saturation"] = args.queue_on_saturation
-    fields.pop("name", None)
-    return fields
-
-
 def _describe(name: str, version: int, fields: Mapping[str, Any]) -> str:
     chain = ",".join(fields.get("accelerator_chain", []))
     rest = " ".join(f"{k}={v}" for k, v in sorted(fields.items()) if k != "accelerator_chain")
@@ -264,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _validated_push(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    flags = _flag_fields(args)
+    flags = policy_fields(args)
     if args.file is not None:
         if args.name is not None or flags:
             raise CommandError("pass a FILE of policies, or --name with fields, not both")

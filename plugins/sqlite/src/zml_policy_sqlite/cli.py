@@ -26,18 +26,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import zml
+from zml.cli.policy_args import add_policy_arguments, policy_fields
 
 from .store import ENV_DB, PolicyStore, StoreError
 
 __all__ = ["main"]
-
-_FLAGS: tuple[tuple[str, str, Any], ...] = (
-    ("--latency-target-ms", "latency_target_ms", float),
-    ("--cost-priority", "cost_priority", str),
-    ("--max-queue-ms", "max_queue_ms", float),
-    ("--health-threshold", "health_threshold", float),
-)
-
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -48,22 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     fields = argparse.ArgumentParser(add_help=False)
     fields.add_argument("--config", help="zml.toml to validate against (default: discovered)")
-    fields.add_argument(
-        "--chain",
-        help="accelerator_chain: families in order, comma-separated (e.g. H100,MI300X)",
-    )
-    for flag, field, kind in _FLAGS:
-        fields.add_argument(flag, dest=field, type=kind, help=field)
-    fields.add_argument(
-        "--queue-on-saturation",
-        dest="queue_on_saturation",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="queue_on_saturation",
-    )
-    fields.add_argument(
-        "--json", dest="json_fields", help="Policy fields as a JSON object (flags override it)"
-    )
+    add_policy_arguments(fields)
 
     parser = argparse.ArgumentParser(
         prog="zml-policy-sqlite",
@@ -88,28 +66,6 @@ def _parser() -> argparse.ArgumentParser:
     rm = sub.add_parser("rm", parents=[common], help="remove a policy")
     rm.add_argument("name")
     return parser
-
-
-def _given_fields(args: argparse.Namespace) -> dict[str, Any]:
-    fields: dict[str, Any] = {}
-    if args.json_fields:
-        try:
-            loaded = json.loads(args.json_fields)
-        except json.JSONDecodeError as exc:
-            raise StoreError(f"--json is not valid JSON: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise StoreError("--json must be a JSON object of Policy fields")
-        fields.update(loaded)
-    if args.chain is not None:
-        fields["accelerator_chain"] = [f.strip() for f in args.chain.split(",") if f.strip()]
-    for _, field, _ in _FLAGS:
-        value = getattr(args, field)
-        if value is not None:
-            fields[field] = value
-    if args.queue_on_saturation is not None:
-        fields["queue_on_saturation"] = args.queue_on_saturation
-    fields.pop("name", None)
-    return fields
 
 
 def validate(name: str, fields: dict[str, Any], config: str | None) -> dict[str, Any]:
@@ -139,14 +95,14 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         with PolicyStore(args.db) as store:
             if args.command == "add":
-                fields = validate(args.name, _given_fields(args), args.config)
+                fields = validate(args.name, policy_fields(args), args.config)
                 store.add(args.name, fields)
                 print(f"added policy {args.name!r} to {args.db}")
             elif args.command == "update":
                 current = store.get(args.name)
                 if current is None:
                     raise StoreError(f"no policy {args.name!r} in {args.db}; use 'add'")
-                merged = {**current, **_given_fields(args)}
+                merged = {**current, **policy_fields(args)}
                 for field in args.unset:
                     merged.pop(field, None)
                 store.put(args.name, validate(args.name, merged, args.config))
