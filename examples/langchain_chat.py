@@ -10,8 +10,8 @@ Run it against any zml.toml whose nodes serve the model::
     ZML_CONFIG=path/to/zml.toml python examples/langchain_chat.py
     python examples/langchain_chat.py --sim   # first start simulated nodes on loopback
 
-``ZML_MODEL`` and ``ZML_POLICY`` override the model and the policy. ``--sim`` needs
-``zml[sim]``: it serves one H100 node with a single slot and two MI300X nodes, so the batch of
+``ZML_MODEL`` and ``ZML_POLICY`` override the model and the policy. ``--sim``
+serves one H100 node with a single slot and two MI300X nodes, so the batch of
 questions shows the policy moving on to MI300X once H100 is full.
 """
 

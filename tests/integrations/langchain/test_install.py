@@ -23,7 +23,7 @@ from langchain_zml import ChatZML
 
 assert langchain_zml.__all__ == ["ChatZML"]
 assert importlib.resources.files("langchain_zml").joinpath("py.typed").is_file()
-for absent in ("langchain_tests", "starlette"):  # test extras and zml[sim] stay out
+for absent in ("langchain_tests",):  # test extras stay out
     assert importlib.util.find_spec(absent) is None, absent
 llm = ChatZML(model="meta-llama/llama-3-8b-instruct", policy="llama3-production",
               config=sys.argv[1])
