@@ -10,21 +10,15 @@ from typing import Any
 
 import pytest
 
-from zml.config import reset_active_registry
-from zml.fleet import forget_shared_state
-
 MODEL = "meta-llama/llama-3-8b-instruct"
 
 
 @pytest.fixture(autouse=True)
-def _fresh_active_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test starts with no activated registry, fresh node state, no ZML_* environment."""
+def _no_zml_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts with no ZML_* environment (zml itself keeps no process-wide state)."""
     for var in ("ZML_CONFIG", "ZML_API_KEY"):
         monkeypatch.delenv(var, raising=False)
-    reset_active_registry()
-    forget_shared_state()
     yield
-    reset_active_registry()
 
 
 def _toml_value(value: Any) -> str:

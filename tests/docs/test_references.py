@@ -145,11 +145,11 @@ BAD_POLICIES = [
 
 @pytest.mark.parametrize("change", BAD_POLICIES, ids=lambda c: "-".join(map(str, c.items())))
 def test_configuration_page_shows_the_real_policy_message(
-    change: dict[str, Any], tmp_path: Path
+    change: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = tmp_path / "zml.toml"
     config.write_text("[accelerators.H100]\n[accelerators.MI300X]\n[accelerators.H100_PCIe]\n")
-    zml.Client(config=config).close()  # activates the registry policies are checked against
+    monkeypatch.setenv("ZML_CONFIG", str(config))  # the default registry policies check against
     fields: dict[str, Any] = {"name": "p", "accelerator_chain": ["H100"], **change}
     fields = {k: v for k, v in fields.items() if v is not None}
     with pytest.raises(zml.PolicyConfigError) as info:

@@ -79,7 +79,7 @@ def test_0_2_fallback_pattern_with_accelerator_pin(sim_fleet: Any, kind: str) ->
                 used = []
                 for _ in range(2):
                     if kind == "sync":
-                        client = zml.Client(config=setup.path)
+                        client = zml.Client(fleet=aclient.fleet)  # shared on purpose
                         try:
                             r = client.infer(MODEL, [{"role": "user", "content": "x"}],
                                              accelerator="H100")

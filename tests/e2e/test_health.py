@@ -87,7 +87,7 @@ def test_circuit_opens_half_opens_admits_one_trial_and_closes(
         assert bad.stats.requests_total == zml.fleet.CIRCUIT_FAILURES
 
         # open: skipped without being tried, visible in the trace and in a dry run
-        decision = client._dispatcher.dry_run(policy, MODEL)
+        decision = client.explain(MODEL, policy=policy)
         assert isinstance(decision, Decision) and decision.node.id == "mi-a"
         assert first_reason(decision) == "circuit_open"
         r = client.infer(MODEL, MSGS, policy="breaker")
@@ -98,13 +98,13 @@ def test_circuit_opens_half_opens_admits_one_trial_and_closes(
         assert {s["id"]: s["circuit"] for s in client.fleet.status()}["h100-a"] == "open"
 
         # after the cool-down the node is admitted again, for one trial at a time
-        wait_for(lambda: client._dispatcher.dry_run(policy, MODEL).node.id == "h100-a",
+        wait_for(lambda: client.explain(MODEL, policy=policy).node.id == "h100-a",
                  "the cool-down to pass")
         bad.set_faults(FaultSpec())
         with client.infer_stream(MODEL, MSGS, policy="breaker") as trial:
             assert trial.routing is not None and trial.routing.node_id == "h100-a"
             assert node.circuit_state == "half_open"
-            decision = client._dispatcher.dry_run(policy, MODEL)
+            decision = client.explain(MODEL, policy=policy)
             assert first_reason(decision) == "circuit_open"  # no second trial meanwhile
             other = client.infer(MODEL, MSGS, policy="breaker")
             assert other.routing.node_id == "mi-a"
@@ -131,14 +131,14 @@ def test_a_failed_trial_opens_the_circuit_again(
                 await client.infer(MODEL, MSGS, policy="breaker")
             assert node.circuit_state == "open"
             await await_for(
-                lambda: client._dispatcher.dry_run(policy, MODEL).node.id == "h100-a",
+                lambda: client.explain(MODEL, policy=policy).node.id == "h100-a",
                 "the cool-down to pass")
             r = await client.infer(MODEL, MSGS, policy="breaker")  # the trial fails over
             assert r.routing.node_id == "mi-a"
             assert [(a.node_id, a.error) for a in r.routing.attempts] == [
                 ("h100-a", "server_error")]
             assert node.circuit_state == "open"
-            assert first_reason(client._dispatcher.dry_run(policy, MODEL)) == "circuit_open"
+            assert first_reason(client.explain(MODEL, policy=policy)) == "circuit_open"
             assert client.fleet.in_flight == 0
 
     asyncio.run(main())
@@ -205,14 +205,14 @@ def test_health_drops_with_failures_skips_the_node_and_recovers(
                                           "rejected_reason": "health_score_below_threshold"}
         assert node.circuit_state == "closed"  # too few failures for the breaker
         # a policy with a lower threshold still takes it
-        lenient = zml.Policy(name="lenient", accelerator_chain=["H100", "MI300X"],
-                             health_threshold=0.01)
-        decision = client._dispatcher.dry_run(lenient, MODEL)
+        lenient = client.policy({"name": "lenient", "accelerator_chain": ["H100", "MI300X"],
+                                 "health_threshold": 0.01})
+        decision = client.explain(MODEL, policy=lenient)
         assert isinstance(decision, Decision) and decision.node.id == "h100-a"
 
         bad.set_faults(FaultSpec())
         monkeypatch.setattr(zml.fleet, "HEALTH_RECOVERY_S", 1.0)
-        wait_for(lambda: client._dispatcher.dry_run(policy, MODEL).node.id == "h100-a",
+        wait_for(lambda: client.explain(MODEL, policy=policy).node.id == "h100-a",
                  "the health score to recover")
         before = node.health
         r = client.infer(MODEL, MSGS, policy="prod")
@@ -254,13 +254,13 @@ def test_probe_marks_a_dead_node_unhealthy_and_a_restarted_one_healthy(setup: An
             await asyncio.to_thread(setup.fleet.kill, "h100-a")
             node = client.fleet.node("h100-a")
             await await_for(lambda: node.health == 0.0, "a probe to find the node down")
-            decision = client._dispatcher.dry_run(policy, MODEL)
+            decision = client.explain(MODEL, policy=policy)
             assert first_reason(decision) == "health_score_below_threshold"
             r = await client.infer(MODEL, MSGS, policy="prod")
             assert r.routing.node_id == "mi-a" and r.routing.attempts == []  # not even tried
             await asyncio.to_thread(setup.fleet.restart, "h100-a")
             await await_for(
-                lambda: client._dispatcher.dry_run(policy, MODEL).node.id == "h100-a",
+                lambda: client.explain(MODEL, policy=policy).node.id == "h100-a",
                 "probes to find the node back")
             r = await client.infer(MODEL, MSGS, policy="prod")
             assert r.routing.node_id == "h100-a"
@@ -353,7 +353,7 @@ def test_async_client_probes_by_default_and_merges_reported_load(
             assert status["openai-1"]["reported_load"] is None
             assert status["openai-1"]["load"] == 0
             # routing sees the reported load: only the node that reports none looks idle
-            decision = client._dispatcher.dry_run(None, MODEL, accelerator="H100")
+            decision = client.explain(MODEL, policy=None, accelerator="H100")
             assert isinstance(decision, Decision) and decision.node.id == "openai-1"
             external.release()
             await await_for(lambda: all(status_of(client)[n]["reported_load"] == 0
@@ -419,8 +419,9 @@ def test_release_corrects_a_stale_report(setup: Any) -> None:
     call = client._dispatcher.start(model=MODEL, messages=MSGS, policy=client.policy("prod"),
                                     accelerator=None, params={}, stream=False, metadata=None,
                                     timeouts=client._dispatcher.timeouts)
-    step = call.next()
-    assert not isinstance(step, zml.dispatch.Wait) and step.node is node
+    op, _ = call.advance(call.flow(), None)
+    assert isinstance(op, zml.dispatch.Send) and op.step.node is node
+    step = op.step
     fleet.record_probe(node, client._dispatcher.clock(), healthy=True, reported_load=3)
     assert node.load == 3
     call.succeeded(step, None, ResponseSummary(None, None, "stop"))
@@ -447,7 +448,6 @@ def test_probing_defaults(setup: Any) -> None:
         await off.aclose()
 
     asyncio.run(main())
-    zml.fleet.forget_shared_state()  # not the node state the async client's probes filled
     with zml.Client(config=setup.path) as client:
         client.infer(MODEL, MSGS, policy="prod", max_tokens=2)
         assert client._probe_stop is None

@@ -64,7 +64,8 @@ def settled(node: Any, timeout: float = 15.0) -> Any:
 
 
 def queue_of(client: Any, policy: str) -> list[Any]:
-    return list(client._dispatcher._queues.get(policy, ()))
+    """The saturation-queue tickets of ``policy``, oldest first."""
+    return client._dispatcher.effects.queues.queued(policy)
 
 
 # --- waiting, then success ------------------------------------------------------------------
@@ -236,32 +237,36 @@ def test_sync_threads_are_served_in_fifo_order(setup: Any) -> None:
 
 def test_a_newcomer_does_not_overtake_queued_requests(setup: Any) -> None:
     """Capacity frees while requests are queued: a request arriving at that moment must not
-    take the slot ahead of them (driven through the sans-I/O Call API: no timing)."""
-    from zml.dispatch import ResponseSummary, Step, Wait
+    take the slot ahead of them (driven through the flow by hand: no timing)."""
+    from zml.dispatch import ResponseSummary, Send, Wait
 
     client = zml.Client(config=setup.path)
     d = client._dispatcher
     policy = client.policy("wait")
 
     def call() -> Any:
-        return d.start(model=MODEL, messages=MSGS, policy=policy, accelerator=None, params={},
-                       stream=False, metadata=None, timeouts=d.timeouts)
+        c = d.start(model=MODEL, messages=MSGS, policy=policy, accelerator=None, params={},
+                    stream=False, metadata=None, timeouts=d.timeouts)
+        return c, c.flow()
+
+    def step(c: Any) -> Any:
+        return c[0].advance(c[1], None)[0]
 
     done = ResponseSummary(None, None, "stop")
     holder, first, newcomer = call(), call(), call()
-    step = holder.next()
-    assert isinstance(step, Step)
-    assert isinstance(first.next(), Wait) and queue_of(client, "wait") == [first]
-    holder.succeeded(step, None, done)  # the slot frees; `first` has not woken yet
-    got = newcomer.next()
+    sent = step(holder)
+    assert isinstance(sent, Send)
+    assert isinstance(step(first), Wait) and queue_of(client, "wait") == [first[0].record.ticket]
+    holder[0].succeeded(sent.step, None, done)  # the slot frees; `first` has not woken yet
+    got = step(newcomer)
     assert isinstance(got, Wait), "the newcomer took the slot ahead of a queued request"
-    assert queue_of(client, "wait") == [first, newcomer]
-    step = first.next()
-    assert isinstance(step, Step)
-    first.succeeded(step, None, done)
-    step = newcomer.next()
-    assert isinstance(step, Step)
-    newcomer.succeeded(step, None, done)
+    assert queue_of(client, "wait") == [first[0].record.ticket, newcomer[0].record.ticket]
+    sent = step(first)
+    assert isinstance(sent, Send)
+    first[0].succeeded(sent.step, None, done)
+    sent = step(newcomer)
+    assert isinstance(sent, Send)
+    newcomer[0].succeeded(sent.step, None, done)
     assert queue_of(client, "wait") == [] and client.fleet.in_flight == 0
     client.close()
 

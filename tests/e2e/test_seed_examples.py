@@ -122,7 +122,9 @@ def test_routing_error_context_has_exactly_the_seed_keys(in_fleet_dir: Any) -> N
     client = zml.Client(api_key="...")
 
     async def saturate_then_try() -> zml.RoutingError:
-        async with zml.AsyncClient(api_key="...") as aclient:
+        # the saturating client shares the post's client's fleet on purpose, so that its
+        # reservations are the ones the post's client sees
+        async with zml.AsyncClient(api_key="...", fleet=client.fleet) as aclient:
             streams = []
             try:
                 for i in range(12):  # every slot of the fleet (6 nodes x 2)

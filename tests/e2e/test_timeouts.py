@@ -242,7 +242,7 @@ def test_deadline_expiring_in_the_queue_is_one_timeout_error(setup: Any, kind: s
             holders = [client.infer_stream(MODEL, MSGS, policy="h100", **hold) for _ in range(4)]
             with pytest.raises(zml.ZMLTimeoutError):
                 client.infer(MODEL, MSGS, policy="wait", timeout=0.3)
-            assert list(client._dispatcher._queues["wait"]) == []
+            assert client._dispatcher.effects.queues.queued("wait") == []
             for h in holders:
                 h.close()
             assert client.fleet.in_flight == 0
@@ -259,7 +259,7 @@ def test_deadline_expiring_in_the_queue_is_one_timeout_error(setup: Any, kind: s
                              timeout=zml.Timeouts(total=0.3, first_token=0.1)),
                 return_exceptions=True)
             assert all(isinstance(r, zml.ZMLTimeoutError) for r in results), results
-            assert list(client._dispatcher._queues["wait"]) == []
+            assert client._dispatcher.effects.queues.queued("wait") == []
             for h in holders:
                 await h.aclose()
             assert client.fleet.in_flight == 0

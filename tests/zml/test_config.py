@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import zml
-from zml.config import active_registry, discover_path, load_registry
+from zml.config import discover_path, load_registry
+from zml.plugins.fleet_sources import default_registry
 
 GOOD = """
 [accelerators.H100]
@@ -106,13 +107,16 @@ def test_bad_config_names_file_key_and_value(
     assert str(path) in message or "zml.toml" in message
 
 
-def test_active_registry_is_the_discovered_file_until_a_client_activates_one(
+def test_default_registry_is_the_discovered_file_and_no_client_changes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert active_registry().families == {}
     monkeypatch.chdir(tmp_path)
+    assert default_registry().families == {}
     write(tmp_path, GOOD)
-    assert list(active_registry().families) == ["H100", "MI300X"]
+    assert list(default_registry().families) == ["H100", "MI300X"]
     other = write(tmp_path, GOOD.replace("MI300X", "A100"), "other.toml")
     zml.Client(config=other)
-    assert list(active_registry().families) == ["H100", "A100"]
+    assert list(default_registry().families) == ["H100", "MI300X"]
+    # an edit of the discovered file is picked up
+    write(tmp_path, GOOD.replace("MI300X", "L4"))
+    assert list(default_registry().families) == ["H100", "L4"]

@@ -25,9 +25,11 @@ cost_priority = "cost"
 
 
 @pytest.fixture
-def client(tmp_path: Path) -> zml.Client:
+def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> zml.Client:
+    """A client on the test's zml.toml, which is also the discovered one (ZML_CONFIG)."""
     path = tmp_path / "zml.toml"
     path.write_text(CONFIG)
+    monkeypatch.setenv("ZML_CONFIG", str(path))
     return zml.Client(config=path)
 
 

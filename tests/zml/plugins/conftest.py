@@ -175,9 +175,11 @@ class Driver:
 
 
 @pytest.fixture
-def config(tmp_path: Path) -> Path:
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fleet's zml.toml, also the discovered one (so ``zml.Policy(...)`` validates)."""
     path = tmp_path / "zml.toml"
     path.write_text(CONFIG)
+    monkeypatch.setenv("ZML_CONFIG", str(path))
     return path
 
 

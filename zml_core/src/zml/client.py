@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import httpx2
 from pydantic import ValidationError
 
-from .config import EMPTY_REGISTRY, Registry, activate, discover_path, load_registry
+from . import routing
+from .config import EMPTY_REGISTRY, Registry, discover_path, load_registry
 from .dispatch import (
     MAX_ATTEMPTS,
     Call,
@@ -31,8 +33,8 @@ from .dispatch import (
     adrive,
     drive,
 )
-from .errors import InvalidRequestError, NodeProtocolError
-from .fleet import Fleet, add_capacity_waiter, remove_capacity_waiter
+from .errors import InvalidRequestError, NodeProtocolError, PolicyConfigError
+from .fleet import Fleet
 from .policy import Policy, PolicyRef, resolve_policy
 from .probe import Prober
 from .streaming import AsyncStream, Stream
@@ -81,6 +83,7 @@ class _BaseClient:
         config: str | os.PathLike[str] | Registry | None,
         timeout: float | Timeouts | None,
         max_attempts: int,
+        fleet: Fleet | None,
     ) -> None:
         if api_key is None:
             api_key = os.environ.get(ENV_API_KEY)
@@ -93,31 +96,45 @@ class _BaseClient:
                 f"max_attempts must be a positive integer, got {max_attempts!r}",
                 param="max_attempts",
             )
-        if isinstance(config, Registry):
-            file_config = config
-        else:
-            path = discover_path(config)
-            file_config = load_registry(path) if path is not None else EMPTY_REGISTRY
+        if fleet is not None and not isinstance(fleet, Fleet):
+            raise InvalidRequestError(
+                f"fleet must be a zml.fleet.Fleet (another client's .fleet), got "
+                f"{type(fleet).__name__}",
+                param="fleet",
+            )
+        timeouts = Timeouts.of(timeout)
         # Plugins load here, on first client use, never at ``import zml``.
-        from .plugins.fleet_sources import build_registry
+        from .plugins.fleet_sources import build_registry, slot_ledger
         from .plugins.manager import client_manager
-        from .plugins.observer import PluginObserver, slot_ledger
         from .plugins.policy_sources import SourcePolicies
 
         self._plugins = client_manager()
-        registry = build_registry(self._plugins, file_config)
+        if fleet is not None:
+            if config is not None:
+                raise InvalidRequestError(
+                    "pass either config= or fleet=, not both: a shared fleet brings its registry",
+                    param="fleet",
+                )
+            registry = fleet.registry
+        else:
+            if isinstance(config, Registry):
+                file_config = config
+            else:
+                path = discover_path(config)
+                file_config = load_registry(path) if path is not None else EMPTY_REGISTRY
+            registry = build_registry(self._plugins, file_config)
         policies = SourcePolicies(self._plugins, registry)
-        activate(registry)
         self._dispatcher = Dispatcher(
             registry,
             policies,
             api_key=api_key,
-            timeouts=Timeouts.of(timeout),
+            timeouts=timeouts,
             max_attempts=max_attempts,
+            fleet=fleet,
+            plugins=self._plugins,
         )
-        self._dispatcher.observer = PluginObserver(self._plugins)
-        self._dispatcher.fleet.ledger = slot_ledger(self._plugins, self._dispatcher.fleet,
-                                                    registry)
+        if fleet is None:
+            self.fleet.ledger = slot_ledger(self._plugins, self.fleet, registry)
 
     def __repr__(self) -> str:
         reg = self._dispatcher.registry
@@ -144,7 +161,11 @@ class _BaseClient:
 
     @property
     def fleet(self) -> Fleet:
-        """Live fleet state: per-node load, health, circuit, latency estimates."""
+        """Live fleet state: per-node load, health, circuit, latency estimates.
+
+        Hand it to another client (``zml.Client(fleet=client.fleet)``) to share capacity
+        accounting on purpose; clients built separately never share it.
+        """
         return self._dispatcher.fleet
 
     @property
@@ -153,10 +174,59 @@ class _BaseClient:
         return self._dispatcher.policies
 
     def policy(self, ref: PolicyRef) -> Policy:
-        """Resolve a policy name, dict or Policy against this client's registry."""
+        """Resolve a policy name, dict or Policy against this client's registry.
+
+        ``client.policy({"name": "p", "accelerator_chain": ["H100"]})`` builds a Policy
+        validated against this client's families (rather than the default registry that
+        ``zml.Policy(...)`` uses).
+        """
         policy = resolve_policy(ref, self.registry, self.policies)
-        assert policy is not None
+        if policy is None:
+            raise PolicyConfigError(
+                "policy must be a zml.Policy, a policy name or a dict, got None",
+                field="policy",
+                value=None,
+            )
         return policy
+
+    def explain(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        policy: PolicyRef | None = None,
+        accelerator: str | None = None,
+    ) -> routing.Decision | routing.NoRoute:
+        """The routing decision this client would make now, without sending or reserving.
+
+        Args:
+            model: the model name.
+            messages: the chat (optional; validated when given).
+            policy: a Policy, a configured policy's name, or a dict (None: the 0.2 behaviour).
+            accelerator: pin one family instead of a policy.
+
+        Returns:
+            A :class:`zml.routing.Decision` (``.node``, ``.predicted_ttft_ms``, ``.evaluated``)
+            or a :class:`zml.routing.NoRoute` (``.context()`` is what a RoutingError would
+            carry).
+
+        Raises:
+            PolicyConfigError: the policy is invalid for this client's registry.
+            InvalidRequestError: a bad argument.
+        """
+        if not isinstance(model, str) or not model.strip():
+            raise InvalidRequestError(
+                f"model must be a non-empty model name, got {model!r}", param="model"
+            )
+        if messages is not None:
+            from .dispatch import validate_messages
+
+            validate_messages(messages)
+        resolved = resolve_policy(policy, self.registry, self.policies)
+        if resolved is not None and accelerator is not None:
+            raise InvalidRequestError(
+                "pass either policy= or accelerator=, not both", param="accelerator"
+            )
+        return self._dispatcher.explain(resolved, model, accelerator)
 
     def _call(
         self,
@@ -231,6 +301,8 @@ class Client(_BaseClient):
         timeout: the overall deadline per request in seconds, or a :class:`zml.Timeouts`.
         max_attempts: dispatches per request at most, counting failovers.
         http_client: an ``httpx2.Client`` to send with (its transport, proxies, TLS settings).
+        fleet: another client's ``.fleet``, to share its registry and capacity accounting on
+            purpose (then pass no ``config``).
 
     Raises:
         PolicyConfigError: the configuration or one of its policies is invalid.
@@ -244,8 +316,9 @@ class Client(_BaseClient):
         timeout: float | Timeouts | None = DEFAULT_TIMEOUT,
         max_attempts: int = MAX_ATTEMPTS,
         http_client: httpx2.Client | None = None,
+        fleet: Fleet | None = None,
     ) -> None:
-        super().__init__(api_key, config, timeout, max_attempts)
+        super().__init__(api_key, config, timeout, max_attempts, fleet)
         self._own_http = http_client is None
         self._http = http_client or httpx2.Client(limits=_LIMITS)
         self._probe_stop: threading.Event | None = None
@@ -335,22 +408,26 @@ class Client(_BaseClient):
         return decode_completion(r.content, step.node.id)
 
     def _wait(self, wait: Wait) -> None:
-        delay = max(0.0, wait.until - time.monotonic())
-        if not wait.for_capacity:
-            time.sleep(delay)
+        delay = max(0.0, wait.until - self._dispatcher.clock())
+        timeout = None if math.isinf(delay) else delay
+        ticket = wait.ticket
+        if ticket is None:
+            if timeout is not None:
+                time.sleep(timeout)
             return
         event = threading.Event()
-        add_capacity_waiter(event.set)
+        ticket.arm(event.set)
         try:
-            event.wait(delay)
+            event.wait(timeout)
         finally:
-            remove_capacity_waiter(event.set)
+            ticket.disarm()
 
     def close(self) -> None:
         """Close the connections this client opened (not those of a passed ``http_client``)
         and stop probing."""
         if self._probe_stop is not None:
             self._probe_stop.set()
+        self._dispatcher.close()
         if self._own_http:
             self._http.close()
 
@@ -385,8 +462,9 @@ class AsyncClient(_BaseClient):
         max_attempts: int = MAX_ATTEMPTS,
         http_client: httpx2.AsyncClient | None = None,
         probe_interval_s: float | None = 2.0,
+        fleet: Fleet | None = None,
     ) -> None:
-        super().__init__(api_key, config, timeout, max_attempts)
+        super().__init__(api_key, config, timeout, max_attempts, fleet)
         self._own_http = http_client is None
         self._http = http_client or httpx2.AsyncClient(limits=_LIMITS)
         self._prober = None if probe_interval_s is None else Prober(self.fleet, probe_interval_s)
@@ -442,8 +520,9 @@ class AsyncClient(_BaseClient):
         return decode_completion(r.content, step.node.id)
 
     async def _wait(self, wait: Wait) -> None:
-        delay = max(0.0, wait.until - time.monotonic())
-        if not wait.for_capacity:
+        delay = max(0.0, wait.until - self._dispatcher.clock())
+        ticket = wait.ticket
+        if ticket is None:
             await asyncio.sleep(delay)
             return
         loop = asyncio.get_running_loop()
@@ -455,19 +534,21 @@ class AsyncClient(_BaseClient):
 
         # A timer rather than asyncio.wait_for: before Python 3.12, wait_for swallows a
         # cancellation that arrives just as the event is set, and the request would stay queued.
-        timer = loop.call_later(delay, event.set)
-        add_capacity_waiter(wake)
+        timer = None if math.isinf(delay) else loop.call_later(delay, event.set)
+        ticket.arm(wake)
         try:
             await event.wait()
         finally:
-            timer.cancel()
-            remove_capacity_waiter(wake)
+            if timer is not None:
+                timer.cancel()
+            ticket.disarm()
 
     async def aclose(self) -> None:
         """Stop probing; close the connections this client opened (not a passed
         ``http_client``'s)."""
         if self._prober is not None:
             await self._prober.stop()
+        self._dispatcher.close()
         if self._own_http:
             await self._http.aclose()
 

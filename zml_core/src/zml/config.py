@@ -21,9 +21,10 @@ variable > ``./zml.toml``. The file has three kinds of table::
     [policies.llama3-production] # the fields of zml.Policy
     accelerator_chain = ["H100", "MI300X"]
 
-The *active registry* is the one a :class:`zml.Policy` built without an explicit registry is
-validated against: the registry of the most recently constructed client, or else the
-discovered file. Fleet-source plugins add nodes and families to it.
+The *default registry* is the one ``zml.Policy(...)`` is validated against: the discovered
+file (``$ZML_CONFIG``, else ``./zml.toml``) plus the fleet-source plugins, re-read when the
+file changes (:func:`zml.plugins.fleet_sources.default_registry`). Each client validates the
+policies it is given against its own registry as well; no client changes what another sees.
 """
 
 from __future__ import annotations
@@ -54,9 +55,8 @@ __all__ = [
     "NodeConfig",
     "Registry",
     "SimConfig",
-    "activate",
-    "active_registry",
     "discover_path",
+    "discovered_registry",
     "load_registry",
     "suggest",
 ]
@@ -322,44 +322,32 @@ def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-# --- the active registry -------------------------------------------------------------------
-
-_lock = threading.Lock()
-_activated: Registry | None = None
-_discovered: tuple[tuple[str, float], Registry] | None = None
+# --- the default registry ------------------------------------------------------------------
 
 EMPTY_REGISTRY = Registry()
 
-
-def activate(registry: Registry) -> None:
-    """Make ``registry`` the one that ``zml.Policy(...)`` validates against (clients call this)."""
-    global _activated
-    with _lock:
-        _activated = registry
+_file_cache: dict[tuple[str, int, int], Registry] = {}
+_file_cache_lock = threading.Lock()
 
 
-def active_registry() -> Registry:
-    """The registry of the most recent client, else the discovered config file, else empty."""
-    global _discovered
-    with _lock:
-        if _activated is not None:
-            return _activated
+def discovered_registry() -> Registry:
+    """The registry of the discovered config file (``$ZML_CONFIG``, else ``./zml.toml``), or
+    the empty registry when there is none.
+
+    A pure cache keyed by the file's path, size and modification time: the file is read once
+    and again only after it changes.
+    """
     path = discover_path()
     if path is None:
         return EMPTY_REGISTRY
-    key = (str(path.resolve()), path.stat().st_mtime)
-    with _lock:
-        if _discovered is not None and _discovered[0] == key:
-            return _discovered[1]
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    with _file_cache_lock:
+        cached = _file_cache.get(key)
+    if cached is not None:
+        return cached
     registry = load_registry(path)
-    with _lock:
-        _discovered = (key, registry)
+    with _file_cache_lock:
+        _file_cache.clear()  # only the newest version of a file is worth keeping
+        _file_cache[key] = registry
     return registry
-
-
-def reset_active_registry() -> None:
-    """Forget the activated and discovered registries (for tests and long-lived tools)."""
-    global _activated, _discovered
-    with _lock:
-        _activated = None
-        _discovered = None

@@ -159,9 +159,12 @@ class NodeError(ZMLError):
         node_id: the node that failed, when known.
         routing: the routing metadata of the failed attempt, when known.
         retryable: whether another node may be tried for this failure (before the first token).
+        node_fault: whether the node caused it (only such failures lower its health and open
+            its circuit; a fault of this client's own request or configuration does not).
     """
 
     retryable: bool = False
+    node_fault: bool = True
 
     def __init__(
         self,

@@ -2,11 +2,13 @@
 
 Routing decides from this state; dispatch changes it. Three rules keep it honest:
 
-* A slot is **reserved at decision time**, under one process-wide lock, before any I/O: two
-  tasks (or threads, or two clients in one process) can never both take a node's last slot.
-  The reservation is released exactly once, on every path (success, error, cancellation).
-* Node state is **shared per process**: every client whose registry declares the same node
-  (same id, url and capacity) sees and updates the same :class:`NodeState`.
+* A slot is **reserved at decision time**, under the fleet's lock, before any I/O: two tasks
+  (or threads, or clients sharing the fleet) can never both take a node's last slot. The
+  reservation is released exactly once, on every path (success, error, cancellation).
+* Node state **belongs to one Fleet** (and so to the client that owns it): two clients share
+  capacity accounting only when they are handed the same Fleet object on purpose
+  (``Client(fleet=other.fleet)``); nothing is shared by accident, and nothing lives at module
+  level.
 * Observations are cheap EWMAs, updated when a call ends; a node's ``load`` is the larger of
   the client's own reservations and what the node last reported on ``/metrics``.
 
@@ -25,13 +27,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .config import NodeConfig, Registry
 from .ledger import SlotLedger
+from .transport import completion_url
 
 __all__ = [
     "CIRCUIT_COOLDOWN_S",
@@ -51,19 +53,17 @@ HEALTH_RECOVERY_S = 30.0
 CIRCUIT_FAILURES = 5
 CIRCUIT_COOLDOWN_S = 10.0
 
-# One lock for every decision and state change in the process: decisions take microseconds,
-# and a single lock is what makes "never oversubscribe" hold across threads and clients.
-STATE_LOCK = threading.RLock()
-
-
 class NodeState:
     """One node's static description and live state (satisfies ``routing.NodeView``)."""
 
     __slots__ = (
         "__weakref__",
+        "address",
+        "completion_url",
         "config",
         "consecutive_failures",
         "family",
+        "fleet",
         "health",
         "health_at",
         "id",
@@ -82,11 +82,16 @@ class NodeState:
         "url",
     )
 
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, fleet: Fleet) -> None:
         self.config = config
+        self.fleet = fleet
+        """The fleet this node's state belongs to (its lock guards every field below)."""
         self.id = config.id
         self.family = config.family
         self.url = config.url
+        self.address = config.url.split("://", 1)[-1]
+        """host:port[/path] of the node, as shown in routing metadata and telemetry."""
+        self.completion_url = completion_url(config.url)
         self.models = frozenset(config.models)
         self.kind = config.kind
         self.max_concurrency = config.max_concurrency
@@ -141,61 +146,10 @@ class Reservation:
     lease_id: str | None = None
 
 
-_shared: weakref.WeakValueDictionary[tuple[Any, ...], NodeState] = weakref.WeakValueDictionary()
-_capacity_waiters: list[Callable[[], None]] = []
-
-
-def _shared_state(config: NodeConfig) -> NodeState:
-    key = (config.id, config.url, config.family, config.models, config.max_concurrency,
-           config.max_queue)
-    state = _shared.get(key)
-    if state is None:
-        state = NodeState(config)
-        _shared[key] = state
-    return state
-
-
-def forget_shared_state() -> None:
-    """Make clients created from now on start from fresh node state (for tests and tools).
-
-    Clients that already exist keep the state they hold.
-    """
-    with STATE_LOCK:
-        _shared.clear()
-
-
-def add_capacity_waiter(callback: Callable[[], None]) -> None:
-    """Call ``callback`` (from any thread) whenever a slot is released anywhere in the process."""
-    with STATE_LOCK:
-        _capacity_waiters.append(callback)
-
-
-def remove_capacity_waiter(callback: Callable[[], None]) -> None:
-    """Stop calling ``callback`` (no error if it was already removed)."""
-    with STATE_LOCK, contextlib.suppress(ValueError):
-        _capacity_waiters.remove(callback)
-
-
-def notify_capacity() -> None:
-    """Wake every request waiting for capacity (they re-check; at most one per slot gets it)."""
-    with STATE_LOCK:
-        waiters = list(_capacity_waiters)
-    for wake in waiters:
-        wake()
-
-
 def report_load(node: NodeState, now: float, reported_load: int) -> None:
     """A load report that says nothing about liveness (a shared ledger's lease count, say):
-    merge it into ``node.load``, and wake queued requests when the load went down.
-    (A probe's report goes through :meth:`Fleet.record_probe`, which also feeds health.)"""
-    with STATE_LOCK:
-        before = node.load
-        node.reported_load = reported_load
-        node.reported_at = now
-        node._update_load()
-        freed = node.load < before
-    if freed:
-        notify_capacity()
+    :meth:`Fleet.report_load` on the fleet ``node`` belongs to."""
+    node.fleet.report_load(node, now, reported_load)
 
 
 class Fleet:
@@ -203,20 +157,55 @@ class Fleet:
 
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
+        self.lock = threading.RLock()
+        """Guards every decision and state change on this fleet's nodes: decisions take
+        microseconds, and one lock is what makes "never oversubscribe" hold across threads."""
+        self._waiters: list[Callable[[], None]] = []
         self._nodes: dict[str, NodeState] = {}
         self._index: dict[tuple[str, str], list[NodeState]] = {}
-        with STATE_LOCK:
-            for cfg in registry.nodes:
-                state = _shared_state(cfg)
-                self._nodes[cfg.id] = state
-                for model in cfg.models:
-                    self._index.setdefault((model, cfg.family), []).append(state)
+        for cfg in registry.nodes:
+            state = NodeState(cfg, self)
+            self._nodes[cfg.id] = state
+            for model in cfg.models:
+                self._index.setdefault((model, cfg.family), []).append(state)
         self._families = tuple(registry.families)
         self._costs = {name: acc.cost_per_hour for name, acc in registry.families.items()}
         self._degraded: set[NodeState] = set()
         self._empty: tuple[NodeState, ...] = ()
         self.ledger: SlotLedger | None = None
         """A cross-process slot ledger (set by a shared-state plugin), or None."""
+
+    # --- capacity notifications ------------------------------------------------------------
+
+    def add_capacity_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from any thread) whenever a slot on this fleet may have freed."""
+        with self.lock:
+            self._waiters.append(callback)
+
+    def remove_capacity_listener(self, callback: Callable[[], None]) -> None:
+        """Stop calling ``callback`` (no error if it was already removed)."""
+        with self.lock, contextlib.suppress(ValueError):
+            self._waiters.remove(callback)
+
+    def notify_capacity(self) -> None:
+        """Tell the listeners that capacity may have freed (each decides whom to wake)."""
+        with self.lock:
+            listeners = tuple(self._waiters)
+        for wake in listeners:
+            wake()
+
+    def report_load(self, node: NodeState, now: float, reported_load: int) -> None:
+        """Merge a load report that says nothing about liveness (a shared ledger's lease
+        count, say) into ``node.load``; wake queued requests when the load went down. (A
+        probe's report goes through :meth:`record_probe`, which also feeds health.)"""
+        with self.lock:
+            before = node.load
+            node.reported_load = reported_load
+            node.reported_at = now
+            node._update_load()
+            freed = node.load < before
+        if freed:
+            self.notify_capacity()
 
     # --- routing.FleetView ------------------------------------------------------------------
 
@@ -256,7 +245,7 @@ class Fleet:
     def status(self, now: float | None = None) -> list[dict[str, Any]]:
         """A plain snapshot of every node, for ``zml fleet status`` and tests (health as of
         ``now``, default the monotonic clock)."""
-        with STATE_LOCK:
+        with self.lock:
             self.refresh(time.monotonic() if now is None else now)
             return [
                 {
@@ -276,7 +265,7 @@ class Fleet:
                 for n in self._nodes.values()
             ]
 
-    # --- state changes (callers hold STATE_LOCK when deciding + reserving) -------------------
+    # --- state changes (callers hold self.lock when deciding + reserving) -------------------
 
     def refresh(self, now: float) -> None:
         """Let degraded nodes' health recover with time (cheap: only degraded nodes)."""
@@ -296,8 +285,8 @@ class Fleet:
                 self._degraded.discard(node)
 
     def reserve(self, node: NodeState, now: float) -> Reservation:
-        """Take a slot on ``node`` (call under STATE_LOCK, in the same critical section as the
-        routing decision)."""
+        """Take a slot on ``node`` (call under :attr:`lock`, in the same critical section as
+        the routing decision)."""
         node.in_flight += 1
         node._update_load()
         trial = node.open_until is not None and now >= node.open_until
@@ -307,7 +296,7 @@ class Fleet:
 
     def release(self, reservation: Reservation) -> bool:
         """Give the slot back; False if it was already released (so double release is safe)."""
-        with STATE_LOCK:
+        with self.lock:
             if reservation.released:
                 return False
             reservation.released = True
@@ -321,7 +310,7 @@ class Fleet:
                 node.trial_in_flight = False
         if reservation.lease_id is not None and self.ledger is not None:
             self.ledger.release(node, reservation.lease_id)
-        notify_capacity()
+        self.notify_capacity()
         return True
 
     def lease_refused(self, reservation: Reservation, now: float) -> None:
@@ -329,7 +318,7 @@ class Fleet:
         free the local slot and treat the node as full until the next load report."""
         self.release(reservation)
         node = reservation.node
-        with STATE_LOCK:
+        with self.lock:
             node.reported_load = node.max_concurrency + node.max_queue
             node.reported_at = now
             node._update_load()
@@ -338,7 +327,7 @@ class Fleet:
         self, node: NodeState, now: float, ttft_s: float | None, service_s: float | None
     ) -> None:
         """A call on ``node`` succeeded: update latency EWMAs, health and the circuit."""
-        with STATE_LOCK:
+        with self.lock:
             if ttft_s is not None:
                 node.ttft_ms = _ewma(node.ttft_ms, ttft_s * 1000.0)
             if service_s is not None:
@@ -351,7 +340,7 @@ class Fleet:
 
     def record_failure(self, node: NodeState, now: float) -> None:
         """A call on ``node`` failed (a node-side failure): health down, maybe open the circuit."""
-        with STATE_LOCK:
+        with self.lock:
             node.health = node.health * (1.0 - HEALTH_ALPHA)
             node.health_at = now
             self._degraded.add(node)
@@ -363,7 +352,7 @@ class Fleet:
         self, node: NodeState, now: float, *, healthy: bool, reported_load: int | None
     ) -> None:
         """An active probe's result: liveness feeds health; reported load merges into ``load``."""
-        with STATE_LOCK:
+        with self.lock:
             node.reported_load = reported_load
             node.reported_at = now
             node._update_load()

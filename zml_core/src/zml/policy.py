@@ -3,7 +3,14 @@
 A policy that names an accelerator family the fleet does not have is a configuration mistake;
 it must fail where it is written (``Policy(...)``, a ``[policies.X]`` table, a policy-store
 push), not as a routing failure under load. So every path that produces a Policy validates it
-against a :class:`~zml.config.Registry`: the one passed in, or the active one.
+against a :class:`~zml.config.Registry`: the one passed in, or the *default registry*.
+
+The rule: ``zml.Policy(...)`` is validated at construction against the default registry, the
+configuration discovered from ``$ZML_CONFIG`` or ``./zml.toml`` plus fleet-source plugins
+(re-read when the file changes). A client checks every policy it is given against its own
+registry too, and raises PolicyConfigError naming its config file when a family is unknown
+there; ``client.policy({...})`` builds a policy against one client's registry directly. No
+client ever changes which registry ``zml.Policy`` uses.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from .config import Registry, active_registry, first_error, suggest
+from .config import Registry, first_error, suggest
 from .errors import PolicyConfigError
 
 __all__ = ["CostPriority", "Policy", "PolicyRef", "resolve_policy", "validate_policy_tables"]
@@ -29,8 +36,9 @@ __all__ = ["CostPriority", "Policy", "PolicyRef", "resolve_policy", "validate_po
 CostPriority = Literal["cost", "latency", "balanced"]
 _COST_PRIORITIES = ("cost", "latency", "balanced")
 
-# The registry a Policy being built right now is checked against, when it is not the active one
-# (a client validating a dict or a config table against its own registry).
+# The registry a Policy being built right now is checked against, when it is not the default
+# one (a client validating a dict or a config table against its own registry). A ContextVar:
+# its value belongs to the code building the policy, never to the process.
 _validating_against: ContextVar[Registry | None] = ContextVar("zml_policy_registry", default=None)
 
 
@@ -83,7 +91,11 @@ class Policy(BaseModel):
 
     @model_validator(mode="after")
     def _families_registered(self) -> Policy:
-        registry = _validating_against.get() or active_registry()
+        registry = _validating_against.get()
+        if registry is None:
+            from .plugins.fleet_sources import default_registry
+
+            registry = default_registry()
         check_families(self.name, self.accelerator_chain, registry)
         return self
 
@@ -99,12 +111,12 @@ def check_families(name: str, chain: Iterable[str], registry: Registry) -> None:
         if family in families:
             continue
         if not families:
-            where = registry.source or "no zml.toml was found (ZML_CONFIG unset, ./zml.toml absent)"
+            where = registry.source or "no zml.toml was found: ZML_CONFIG is unset and there is no ./zml.toml"
             raise PolicyConfigError(
                 f"policy {name!r}: accelerator_chain[{i}] = {family!r} is not registered: the "
                 f"fleet registry has no accelerator families ({where}); add "
-                f"[accelerators.{family}] and its [[nodes]] to zml.toml, or pass "
-                "Client(config=...) before building the policy",
+                f"[accelerators.{family}] and its [[nodes]] to zml.toml, set ZML_CONFIG to "
+                "your zml.toml, or build the policy for one client with client.policy({...})",
                 field="accelerator_chain",
                 value=family,
                 source=registry.source,
@@ -196,7 +208,19 @@ def resolve_policy(
     """
     if ref is None or isinstance(ref, Policy):
         if ref is not None:
-            check_families(ref.name, ref.accelerator_chain, registry)
+            try:
+                check_families(ref.name, ref.accelerator_chain, registry)
+            except PolicyConfigError as exc:
+                if not registry.source:
+                    raise
+                raise PolicyConfigError(
+                    f"{registry.source}: {exc} (the policy was built for another registry "
+                    "than this client's)",
+                    field=exc.field,
+                    value=exc.value,
+                    suggestion=exc.suggestion,
+                    source=registry.source,
+                ) from None
         return ref
     if isinstance(ref, str):
         policy = named.get(ref)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import argparse
 
     from zml.config import Registry
-    from zml.dispatch import Call
+    from zml.dispatch import CallView as Call
     from zml.errors import NodeError, ZMLError
     from zml.fleet import Fleet
     from zml.ledger import SlotLedger
@@ -103,7 +103,7 @@ def zml_register_policy_sources(register: Callable[[PolicySource], None]) -> Non
 
 def _hub_of(call: Call) -> Hub | None:
     """The hub of the call's client, if its ledger is ours (cheap: no import of redis)."""
-    ledger = call.d.fleet.ledger
+    ledger = call.ledger
     if ledger is None:
         return None
     module = sys.modules.get("zml_redis.ledger")

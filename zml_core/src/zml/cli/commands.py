@@ -62,7 +62,7 @@ def route(config: str | None, policy: str | None, model: str, accelerator: str |
         if probe:
             with httpx2.Client() as http:
                 Prober(client.fleet).probe_all(http)
-        decision = client._dispatcher.dry_run(resolved, model, accelerator)
+        decision = client.explain(model, policy=resolved, accelerator=accelerator)
         if isinstance(decision, routing.Decision):
             console.print(
                 f"[green]would route to[/] [bold]{decision.node.id}[/] "

@@ -9,7 +9,7 @@ validates nodes as the file's own are (unique ids, registered families).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import ValidationError
 
@@ -18,15 +18,18 @@ from ..config import (
     NodeConfig,
     Registry,
     config_error_from_validation,
+    discovered_registry,
 )
 from ..errors import PolicyConfigError
 from .policy_sources import source_name
 
 if TYPE_CHECKING:
+    from ..fleet import Fleet
+    from ..ledger import SlotLedger
     from .hookspecs import FleetSource
     from .manager import PluginManager
 
-__all__ = ["build_registry", "collect_fleet_sources"]
+__all__ = ["build_registry", "collect_fleet_sources", "default_registry", "slot_ledger"]
 
 
 def collect_fleet_sources(pm: PluginManager, config: Registry) -> list[FleetSource]:
@@ -61,6 +64,30 @@ def build_registry(pm: PluginManager, config: Registry) -> Registry:
     return registry
 
 
+_default_cache: dict[tuple[int, int], Registry] = {}
+
+
+def default_registry() -> Registry:
+    """The registry ``zml.Policy(...)`` is validated against: the discovered config file
+    (``$ZML_CONFIG``, else ``./zml.toml``) plus the process's fleet-source plugins.
+
+    A pure cache keyed by the file's registry and the plugin set's generation: rebuilt when
+    the file changes or a plugin is registered.
+    """
+    from .manager import process_manager
+
+    file_registry = discovered_registry()
+    pm = process_manager()
+    key = (id(file_registry), pm.generation)
+    cached = _default_cache.get(key)
+    if cached is not None:
+        return cached
+    registry = build_registry(pm.copy(), file_registry)
+    _default_cache.clear()
+    _default_cache[key] = registry
+    return registry
+
+
 def _accelerator(value: AcceleratorConfig | Mapping[str, Any], where: str) -> AcceleratorConfig:
     if isinstance(value, AcceleratorConfig):
         return value
@@ -84,3 +111,14 @@ def _node(value: NodeConfig | Mapping[str, Any], where: str) -> NodeConfig:
         return NodeConfig.model_validate(value)
     except ValidationError as exc:
         raise config_error_from_validation(exc, value, where, None) from None
+
+
+def slot_ledger(pm: PluginManager, fleet: Fleet, registry: Registry) -> SlotLedger | None:
+    """Ask ``zml_slot_ledger`` for a client's ledger; a plugin that raises is reported and the
+    client keeps local state."""
+    try:
+        result = pm.hook.zml_slot_ledger(fleet=fleet, registry=registry)
+    except Exception as exc:
+        pm.report("a zml_slot_ledger plugin", "zml_slot_ledger", exc)
+        return None
+    return cast("SlotLedger | None", result)

@@ -15,11 +15,17 @@ parameters, by name. Four families of hooks:
   fleet; the first non-None ledger wins.
 * **command line** (:func:`zml_register_commands`): subcommands of the ``zml`` command.
 
-Notification hooks (telemetry and cost) are called one implementation at a time, so that an
-exception in one plugin never fails the request nor hides the event from the others: it is
-logged once per plugin and hook (logger ``zml.plugins``). For the same reason these hooks do not
-accept ``wrapper=True``/``hookwrapper=True`` implementations; a plugin that declares one is
-refused at registration. ``tryfirst=True`` and ``trylast=True`` order implementations as usual.
+Notification hooks (telemetry and cost, marked with :func:`notification` below) are called
+through pluggy like every hook; each of their implementations is isolated when it is
+registered, so that an exception in one plugin never fails the request nor hides the event from
+the others: it is logged once per plugin and hook (logger ``zml.plugins``), and a raising
+``firstresult`` implementation counts as None. For the same reason these hooks do not accept
+``wrapper=True``/``hookwrapper=True`` implementations; a plugin that declares one is refused at
+registration. ``tryfirst=True`` and ``trylast=True`` order implementations as usual.
+
+Adding a notification hook takes one function here, decorated ``@notification`` (and
+``@hookspec``), plus its entry in ``docs/plugins.md``; dispatch calls it by name with
+``Notify("zml_...", {...})``.
 
 Order: pluggy calls implementations last-registered-first. zml registers its built-in plugins
 first, then installed (entry point) plugins in reverse order of their entry point names, then
@@ -30,7 +36,7 @@ plugins in alphabetical order of entry point name, and built-in plugins last.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from pluggy import HookimplMarker, HookspecMarker
 
@@ -38,7 +44,7 @@ if TYPE_CHECKING:
     import argparse
 
     from ..config import AcceleratorConfig, NodeConfig, Registry
-    from ..dispatch import Call
+    from ..dispatch import CallView as Call
     from ..errors import NodeError, ZMLError
     from ..fleet import Fleet
     from ..ledger import SlotLedger
@@ -51,11 +57,21 @@ __all__ = [
     "VersionedPolicySource",
     "hookimpl",
     "hookspec",
+    "notification",
 ]
 
 hookspec = HookspecMarker("zml")
 hookimpl = HookimplMarker("zml")
 """Marks a plugin's hook implementation: ``@zml.hookimpl`` (options: tryfirst, trylast...)."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def notification(spec: _F) -> _F:
+    """Mark a hookspec as a per-request notification: its implementations are isolated
+    (an exception is logged, never raised) and may not be wrappers."""
+    spec.zml_notification = True  # type: ignore[attr-defined]
+    return spec
 
 
 # --- what the register callbacks accept ----------------------------------------------------
@@ -180,6 +196,7 @@ def zml_register_policy_sources(
 # --- telemetry -------------------------------------------------------------------------------
 
 
+@notification
 @hookspec
 def zml_request_started(call: Call, metadata: Mapping[str, Any]) -> None:
     """A request was validated and is about to be routed.
@@ -191,8 +208,9 @@ def zml_request_started(call: Call, metadata: Mapping[str, Any]) -> None:
     :func:`zml_request_failed` or :func:`zml_request_cancelled` follows.
 
     Args:
-        call: the request: ``call.model``, ``call.policy_name``, ``call.stream``,
-            ``call.metadata``, ``call.started_at`` (monotonic seconds), ``call.state``.
+        call: a read-only view of the request (:class:`zml.dispatch.CallView`):
+            ``call.model``, ``call.policy_name``, ``call.stream``, ``call.metadata``,
+            ``call.started_at`` (monotonic seconds), ``call.elapsed_s``, ``call.state``.
             ``call.body`` is the encoded request (prompt included): do not record it unless
             the user opted in.
         metadata: the per-call ``metadata={...}`` (team, service...); the same as
@@ -203,6 +221,7 @@ def zml_request_started(call: Call, metadata: Mapping[str, Any]) -> None:
     """
 
 
+@notification
 @hookspec
 def zml_request_routed(call: Call, routing: RoutingInfo, metadata: Mapping[str, Any]) -> None:
     """A routing decision was made and a slot reserved on a node.
@@ -223,6 +242,7 @@ def zml_request_routed(call: Call, routing: RoutingInfo, metadata: Mapping[str, 
     """
 
 
+@notification
 @hookspec
 def zml_attempt_failed(
     call: Call, attempt: Attempt, error: NodeError, metadata: Mapping[str, Any]
@@ -244,6 +264,7 @@ def zml_attempt_failed(
     """
 
 
+@notification
 @hookspec
 def zml_request_completed(
     call: Call,
@@ -272,6 +293,7 @@ def zml_request_completed(
     """
 
 
+@notification
 @hookspec
 def zml_request_failed(call: Call, error: ZMLError, metadata: Mapping[str, Any]) -> None:
     """A request ended with a zml error: RoutingError, a NodeError, ZMLTimeoutError...
@@ -290,6 +312,7 @@ def zml_request_failed(call: Call, error: ZMLError, metadata: Mapping[str, Any])
     """
 
 
+@notification
 @hookspec
 def zml_request_cancelled(call: Call, metadata: Mapping[str, Any]) -> None:
     """The caller went away: task cancelled, stream closed early, an error in its own code.
@@ -309,6 +332,7 @@ def zml_request_cancelled(call: Call, metadata: Mapping[str, Any]) -> None:
 # --- cost attribution --------------------------------------------------------------------------
 
 
+@notification
 @hookspec(firstresult=True)
 def zml_attribute_cost(
     call: Call,

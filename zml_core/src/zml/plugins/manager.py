@@ -48,17 +48,12 @@ ENV_PLUGINS = "ZML_PLUGINS"
 GROUP = "zml"
 
 NOTIFICATION_HOOKS = frozenset(
-    {
-        "zml_request_started",
-        "zml_request_routed",
-        "zml_attempt_failed",
-        "zml_request_completed",
-        "zml_request_failed",
-        "zml_request_cancelled",
-        "zml_attribute_cost",
-    }
+    name
+    for name, spec in vars(hookspecs).items()
+    if name.startswith("zml_") and getattr(spec, "zml_notification", False)
 )
-"""Hooks called one implementation at a time, with exceptions isolated (no wrappers)."""
+"""Hooks whose implementations are isolated (an exception is logged, never raised) and may not
+be wrappers: those marked ``@notification`` in :mod:`.hookspecs`."""
 
 FLEET_HOOK = "zml_register_fleet_sources"
 
@@ -81,6 +76,8 @@ class PluginManager(pluggy.PluginManager):
         self.fleet_read = False
         """Set once a client has read the fleet sources (later fleet plugins are not used)."""
         self._impls: dict[str, tuple[pluggy.HookImpl, ...]] = {}
+        self._reported: set[tuple[str, str]] = set()
+        self._reported_lock = threading.Lock()
 
     def register(self, plugin: Any, name: str | None = None) -> str | None:
         """Register ``plugin`` (a module, class instance...) under ``name``; return its name.
@@ -98,6 +95,7 @@ class PluginManager(pluggy.PluginManager):
         except Exception:
             super().unregister(plugin)
             raise
+        self._isolate(plugin)
         self._changed()
         if self.fleet_read and self._implements(plugin, FLEET_HOOK):
             warnings.warn(
@@ -157,6 +155,48 @@ class PluginManager(pluggy.PluginManager):
                         "notification hooks are called one implementation at a time and "
                         "take plain implementations (tryfirst/trylast for order)",
                     )
+
+    def _isolate(self, plugin: Any) -> None:
+        """Wrap ``plugin``'s notification implementations so that an exception is reported
+        and the call goes on to the next implementation (a firstresult one counts as None)."""
+        for caller in self.get_hookcallers(plugin) or ():
+            if caller.name not in NOTIFICATION_HOOKS:
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin:
+                    # HookImpl.function is public (typed Final): replacing it with an isolating
+                    # wrapper keeps argnames and order, so pluggy calls it as before.
+                    impl.function = self._isolated(  # type: ignore[misc]
+                        impl.function, impl.plugin_name, caller.name
+                    )
+
+    def _isolated(self, function: Any, plugin_name: str, hook: str) -> Any:
+        def isolated(*args: Any) -> Any:
+            try:
+                return function(*args)
+            except Exception as exc:
+                self.report(plugin_name, hook, exc)
+                return None
+
+        return isolated
+
+    def report(self, plugin_name: str, hook: str, exc: BaseException) -> None:
+        """Log a plugin's exception: at WARNING (with its traceback) the first time for this
+        plugin and hook, at DEBUG afterwards (logger ``zml.plugins``)."""
+        key = (plugin_name, hook)
+        with self._reported_lock:
+            first = key not in self._reported
+            self._reported.add(key)
+        if first:
+            logger.warning(
+                "zml plugin %r raised in %s (the request goes on; further errors of this "
+                "plugin in this hook are logged at DEBUG)",
+                plugin_name,
+                hook,
+                exc_info=exc,
+            )
+        else:
+            logger.debug("zml plugin %r raised in %s", plugin_name, hook, exc_info=exc)
 
     def _implements(self, plugin: Any, hook_name: str) -> bool:
         return any(c.name == hook_name for c in self.get_hookcallers(plugin) or ())

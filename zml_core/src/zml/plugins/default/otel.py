@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import Histogram, MeterProvider
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
-    from ...dispatch import Call
+    from ...dispatch import CallView as Call
     from ...errors import NodeError, ZMLError
     from ...types import Attempt, Cost, RoutingInfo
 
@@ -250,7 +250,7 @@ class OpenTelemetryPlugin:
         metric_attrs = self._metric_attributes(call, host, routing.accelerator)
         metric_attrs["gen_ai.response.model"] = _response_model(call)
         duration, tokens = self._histograms()
-        duration.record(max(0.0, call.d.clock() - call.started_at), metric_attrs)
+        duration.record(max(0.0, call.elapsed_s), metric_attrs)
         if input_tokens is not None:
             tokens.record(input_tokens, {**metric_attrs, "gen_ai.token.type": "input"})
         if output_tokens is not None:
@@ -287,7 +287,7 @@ class OpenTelemetryPlugin:
         metric_attrs = self._metric_attributes(call, host, accelerator)
         metric_attrs["error.type"] = error_type
         duration, _ = self._histograms()
-        duration.record(max(0.0, call.d.clock() - call.started_at), metric_attrs)
+        duration.record(max(0.0, call.elapsed_s), metric_attrs)
 
     @hookimpl
     def zml_request_cancelled(self, call: Call) -> None:

@@ -1,0 +1,130 @@
+"""The :class:`Dispatcher`: what both clients share — registry, fleet, policies, settings.
+
+It validates a request into a frozen :class:`~.request.Request` and hands drivers a
+:class:`~.drivers.Call`. It owns the :class:`~.effects.Effects` (clock, random source,
+saturation queues, plugin hooks) and uses the fleet it is given; nothing here is shared with
+another dispatcher unless it was handed the same fleet.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .. import routing
+from ..config import Registry, suggest
+from ..errors import InvalidRequestError
+from ..fleet import Fleet
+from ..policy import Policy
+from ..transport import auth_headers
+from .drivers import Call
+from .effects import Effects
+from .flow import MAX_ATTEMPTS, FlowSettings
+from .request import Request, Timeouts, build_body, frozen_metadata
+
+if TYPE_CHECKING:
+    from ..plugins.manager import PluginManager
+
+__all__ = ["Dispatcher"]
+
+
+class Dispatcher:
+    """Validates requests and runs their flows against one fleet."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        policies: Mapping[str, Policy],
+        *,
+        api_key: str | None,
+        timeouts: Timeouts,
+        max_attempts: int = MAX_ATTEMPTS,
+        fleet: Fleet | None = None,
+        plugins: PluginManager | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.registry = registry
+        self.policies = policies
+        self.fleet = fleet if fleet is not None else Fleet(registry)
+        self.timeouts = timeouts
+        self.max_attempts = max_attempts
+        self.clock = clock
+        self.effects = Effects(self.fleet, clock=clock, rng=rng, plugins=plugins)
+        self.headers = auth_headers(api_key)
+        self.fleet.add_capacity_listener(self.effects.queues.wake_heads)
+
+    @property
+    def rng(self) -> random.Random:
+        """The random source routing breaks ties with."""
+        return self.effects.rng
+
+    def settings(self) -> FlowSettings:
+        """What a new flow needs to know of this dispatcher."""
+        return FlowSettings(max_attempts=self.max_attempts,
+                            leases=self.fleet.ledger is not None)
+
+    def start(
+        self,
+        *,
+        model: str,
+        messages: object,
+        policy: Policy | None,
+        accelerator: str | None,
+        params: Mapping[str, Any],
+        stream: bool,
+        metadata: Mapping[str, Any] | None,
+        timeouts: Timeouts,
+    ) -> Call:
+        """Validate one request and return its :class:`Call` (nothing is sent yet)."""
+        body, prompt_chars = build_body(model, messages, params, stream=stream)
+        self.check_accelerator(accelerator)
+        request = Request(
+            model=model,
+            policy=policy,
+            accelerator=accelerator,
+            body=body,
+            stream=stream,
+            metadata=frozen_metadata(metadata),
+            timeouts=timeouts,
+            started_at=self.clock(),
+            prompt_chars=prompt_chars,
+        )
+        call = Call(self, request)
+        call.notify_started()
+        return call
+
+    def check_accelerator(self, accelerator: object) -> None:
+        """Raise InvalidRequestError unless ``accelerator`` is None or a registered family."""
+        if accelerator is None:
+            return
+        families = self.registry.families
+        if not isinstance(accelerator, str) or accelerator not in families:
+            hint = suggest(str(accelerator), families)
+            raise InvalidRequestError(
+                f"accelerator={accelerator!r} is not a registered family (registered: "
+                + (", ".join(families) or "none")
+                + ")"
+                + (f"; did you mean {hint!r}?" if hint else ""),
+                param="accelerator",
+            )
+
+    def explain(
+        self, policy: Policy | None, model: str, accelerator: str | None = None
+    ) -> routing.Decision | routing.NoRoute:
+        """The decision routing would make now, without reserving anything."""
+        self.check_accelerator(accelerator)
+        fleet = self.fleet
+        with fleet.lock:
+            now = self.clock()
+            fleet.refresh(now)
+            return routing.route(
+                policy, model, fleet, now=now, rng=self.rng, pinned_family=accelerator,
+                health_threshold=policy.health_threshold if policy is not None else 0.5,
+            )
+
+    def close(self) -> None:
+        """Stop listening to the fleet (a shared fleet outlives this dispatcher)."""
+        self.fleet.remove_capacity_listener(self.effects.queues.wake_heads)

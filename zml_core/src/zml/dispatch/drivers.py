@@ -1,0 +1,206 @@
+"""Drivers: carry out an attempt flow's operations, blocking (:func:`drive`) or with ``await``
+(:func:`adrive`). A virtual-clock driver (replay) runs the same flows against modelled nodes.
+
+A driver steps the flow through :class:`~.effects.Effects` for every operation but the three
+that are I/O — :class:`~.ops.Wait`, :class:`~.ops.Lease` and :class:`~.ops.Send` — which it
+performs itself. When anything raises (the flow's own errors, the caller's cancellation),
+the driver ends the request with :func:`~.flow.end_flow`, so the slot and the queue place are
+freed and plugins hear of it exactly once.
+
+:class:`Call` is the drivers' handle on one request: its frozen :class:`~.request.Request`,
+its :class:`~.record.Record`, and the endings a stream needs after the flow has returned.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Generator
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from ..errors import NodeError, ZMLTimeoutError
+from . import flow as flows
+from .ops import Lease, Operation, Send, Wait
+from .record import Record, ResponseSummary, Step
+from .view import CallView
+
+if TYPE_CHECKING:
+    from ..transport import StreamDecoder
+    from ..types import RoutingInfo
+    from .dispatcher import Dispatcher
+    from .request import Request
+
+__all__ = ["Call", "adrive", "drive"]
+
+_T = TypeVar("_T")
+
+
+class Call:
+    """One request under way: what was asked, what happened, and its flow's endings."""
+
+    __slots__ = ("d", "record", "request", "view")
+
+    def __init__(self, dispatcher: Dispatcher, request: Request) -> None:
+        self.d = dispatcher
+        self.request = request
+        self.record = Record()
+        self.view = CallView(request, self.record, dispatcher.clock, dispatcher.fleet.ledger)
+
+    # --- what senders need -------------------------------------------------------------------
+
+    @property
+    def body(self) -> bytes:
+        """The encoded request body."""
+        return self.request.body
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Headers sent with every attempt (authorization)."""
+        return self.d.headers
+
+    @property
+    def stream(self) -> bool:
+        """Whether the answer is streamed."""
+        return self.request.stream
+
+    @property
+    def deadline(self) -> float | None:
+        """The overall deadline on the dispatcher's clock."""
+        return self.request.deadline
+
+    def flow(self) -> Generator[Operation, Any, tuple[Step, Any]]:
+        """A new attempt flow for this request."""
+        return flows.attempt_flow(self.request, self.record, self.d.settings())
+
+    def notify_started(self) -> None:
+        """Tell plugins the request is about to be routed."""
+        self.d.effects.notify("zml_request_started", self.view, {})
+
+    def first_token(self, step: Step) -> None:
+        """The first chunk of ``step``'s answer arrived (failover is over from here)."""
+        step.first_token_at = self.d.clock()
+
+    def idle_timeout(self) -> float | None:
+        """A stream's read timeout once its answer started: ``idle``, within the deadline."""
+        return flows.idle_timeout(self.request, self.d.clock())
+
+    def deadline_error(self, decoder: StreamDecoder) -> ZMLTimeoutError:
+        """The error for a stream whose overall deadline expired mid-stream."""
+        current = self.record.current
+        return ZMLTimeoutError(
+            f"request deadline of {self.request.timeouts.total}s expired mid-stream after "
+            f"{decoder.chunks} chunks; the answer is incomplete",
+            routing=current.routing if current else None,
+            text=decoder.text,
+        )
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Seconds from sending to the first token of the attempt that answered."""
+        return self.record.ttft_s
+
+    # --- endings ------------------------------------------------------------------------------
+
+    def succeeded(self, step: Step, usage: Any, response: ResponseSummary) -> RoutingInfo:
+        """``step`` answered in full: release, record latencies, attribute the cost."""
+        inputs = {
+            "accelerator": self.d.registry.families.get(step.node.family),
+            "node": step.node.config,
+        }
+        ending = flows.success_flow(self.request, self.record, step, usage, response, inputs)
+        return self.d.effects.run(ending, self.view)
+
+    def broke(self, step: Step, exc: NodeError) -> NodeError:
+        """``step`` failed after tokens reached the caller: no retry; the error to raise."""
+        return self.d.effects.run(flows.broke_flow(self.request, self.record, step, exc),
+                                  self.view)
+
+    def ended(self, error: BaseException | None) -> None:
+        """The request ends without a response (safe to call again, and after success)."""
+        self.d.effects.run(flows.end_flow(self.request, self.record, error), self.view)
+
+    # --- stepping the flow (used by the drivers) ----------------------------------------------
+
+    def advance(self, flow: Generator[Operation, Any, Any], result: object
+                ) -> tuple[Wait | Lease | Send | None, Any]:
+        """Send ``result`` into ``flow`` and carry out common operations until it asks for
+        I/O (returned) or returns (``(None, value)``)."""
+        effects = self.d.effects
+        view = self.view
+        try:
+            op = flow.send(result)
+            while not isinstance(op, Wait | Lease | Send):
+                op = flow.send(effects.perform(op, view))
+        except StopIteration as done:
+            return None, done.value
+        return op, None
+
+    def lease_id(self) -> str:
+        """A lease id unique across processes and machines."""
+        return uuid.uuid4().hex
+
+
+def _granted(op: Lease, lease_id: str, granted: bool) -> bool:
+    if granted:
+        op.step.reservation.lease_id = lease_id
+    return granted
+
+
+def drive(call: Call, wait: Callable[[Wait], None], send: Callable[[Step], _T]) -> tuple[Step, _T]:
+    """Run ``call``'s attempt flow with blocking I/O: the sync client's whole attempt loop.
+
+    ``send`` performs one attempt and returns its result (raising a NodeError on failure).
+    Returns the step that answered and its result; on any exception the call is ended.
+    """
+    flow = call.flow()
+    try:
+        op, value = call.advance(flow, None)
+        while op is not None:
+            result: object
+            if isinstance(op, Wait):
+                wait(op)
+                result = None
+            elif isinstance(op, Lease):
+                lid = call.lease_id()
+                result = _granted(op, lid, _ledger(call).acquire(op.step.node, lid))
+            else:
+                try:
+                    result = send(op.step)
+                except NodeError as exc:
+                    result = exc
+            op, value = call.advance(flow, result)
+        return cast("tuple[Step, _T]", value)
+    except BaseException as exc:
+        call.ended(exc)
+        raise
+
+
+async def adrive(
+    call: Call, wait: Callable[[Wait], Awaitable[None]], send: Callable[[Step], Awaitable[_T]]
+) -> tuple[Step, _T]:
+    """:func:`drive` for the async client: the same flow, awaiting each I/O operation."""
+    flow = call.flow()
+    try:
+        op, value = call.advance(flow, None)
+        while op is not None:
+            if isinstance(op, Send):
+                try:
+                    value = await send(op.step)
+                except NodeError as exc:
+                    value = exc
+            elif isinstance(op, Lease):
+                lid = call.lease_id()
+                value = _granted(op, lid, await _ledger(call).aacquire(op.step.node, lid))
+            else:
+                await wait(op)
+                value = None
+            op, value = call.advance(flow, value)
+        return cast("tuple[Step, _T]", value)
+    except BaseException as exc:
+        call.ended(exc)
+        raise
+
+
+def _ledger(call: Call) -> Any:
+    ledger = call.d.fleet.ledger
+    assert ledger is not None, "a Lease operation needs the fleet's ledger"
+    return ledger

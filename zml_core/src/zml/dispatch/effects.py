@@ -1,0 +1,135 @@
+"""Carrying out the operations every driver performs alike (all but Wait, Lease and Send).
+
+An :class:`Effects` belongs to one dispatcher: its clock, random source, fleet (and so the
+fleet's lock), saturation queues and plugin hooks. Routing and reserving happen in one
+critical section under the fleet's lock, so two tasks or threads can never both take a node's
+last slot. Plugin notifications go through pluggy (``pm.hook.<name>``); zml's isolation
+wrapper (:mod:`zml.plugins.isolation`) makes sure a failing plugin never fails a request.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Generator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .. import routing
+from ..fleet import Fleet
+from .ops import (
+    Behind,
+    Dequeue,
+    Enqueue,
+    Mark,
+    Notify,
+    Now,
+    Operation,
+    Release,
+    Reserve,
+    Reserved,
+)
+from .queue import SaturationQueues
+
+if TYPE_CHECKING:
+    from ..plugins.manager import PluginManager
+    from .view import CallView
+
+__all__ = ["Effects"]
+
+_T = TypeVar("_T")
+
+
+class Effects:
+    """Performs a flow's common operations against one fleet, clock and plugin manager."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        plugins: PluginManager | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.plugins = plugins
+        self.queues = SaturationQueues(fleet.lock)
+
+    def perform(self, op: Operation, view: CallView) -> Any:
+        """Carry out ``op`` for the request ``view`` shows; return what the flow receives."""
+        kind = type(op)
+        if kind is Now:
+            return self.clock()
+        if kind is Reserve:
+            assert isinstance(op, Reserve)
+            return self.reserve(op)
+        if kind is Release:
+            assert isinstance(op, Release)
+            if op.refused:
+                self.fleet.lease_refused(op.reservation, op.now)
+            else:
+                self.fleet.release(op.reservation)
+            return None
+        if kind is Mark:
+            assert isinstance(op, Mark)
+            if op.ok:
+                self.fleet.record_success(op.node, op.now, op.ttft_s, op.service_s)
+            else:
+                self.fleet.record_failure(op.node, op.now)
+            return None
+        if kind is Notify:
+            assert isinstance(op, Notify)
+            return self.notify(op.hook, view, op.kwargs)
+        if kind is Enqueue:
+            assert isinstance(op, Enqueue)
+            return self.queues.join(op.ticket)
+        if kind is Dequeue:
+            assert isinstance(op, Dequeue)
+            self.queues.leave(op.ticket)
+            return None
+        raise TypeError(f"{kind.__name__} is carried out by the driver, not by Effects")
+
+    def reserve(self, op: Reserve) -> Reserved | Behind | routing.NoRoute:
+        """Route and reserve in one critical section (see :class:`~.ops.Reserve`)."""
+        req = op.request
+        fleet = self.fleet
+        with fleet.lock:
+            fleet.refresh(op.now)
+            t0 = time.perf_counter()
+            decision = routing.route(
+                req.policy,
+                req.model,
+                fleet,
+                now=op.now,
+                rng=self.rng,
+                pinned_family=req.accelerator,
+                exclude=op.exclude,
+                health_threshold=req.health_threshold,
+            )
+            decision_us = (time.perf_counter() - t0) * 1e6
+            ticket = op.ticket
+            if ticket is not None and self.queues.ahead(ticket):
+                return Behind(tuple(e.as_dict() for e in decision.evaluated))
+            if isinstance(decision, routing.NoRoute):
+                return decision
+            node = decision.node
+            assert hasattr(node, "fleet")
+            reservation = fleet.reserve(node, op.now)  # type: ignore[arg-type]
+            return Reserved(decision, reservation, decision_us)
+
+    def notify(self, hook: str, view: CallView, kwargs: Mapping[str, Any]) -> Any:
+        """Call plugin hook ``hook`` with the request's view, its metadata and ``kwargs``."""
+        pm = self.plugins
+        if pm is None or not pm.impls(hook):
+            return None
+        return getattr(pm.hook, hook)(call=view, metadata=view.metadata, **kwargs)
+
+    def run(self, flow: Generator[Operation, Any, _T], view: CallView) -> _T:
+        """Run a flow made only of common operations (an ending) to completion."""
+        try:
+            op = next(flow)
+            while True:
+                op = flow.send(self.perform(op, view))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]

@@ -1,0 +1,161 @@
+"""The operations an attempt flow yields: what it asks its driver to do, as plain values.
+
+The flow (:mod:`.flow`) never reads a clock, touches fleet state, calls a plugin, sleeps or
+sends: it yields one of these and receives the result. Most are carried out the same way by
+every driver (:class:`~.effects.Effects`); :class:`Wait`, :class:`Lease` and :class:`Send` are
+what differs between the blocking, the ``await`` and the virtual-clock driver.
+
+=================  ==========================================  ==============================
+operation          what the driver does                        what the flow receives
+=================  ==========================================  ==============================
+``Now()``          reads the clock                             seconds (float)
+``Reserve(...)``   routes and reserves a slot, atomically      ``Reserved`` | ``Behind`` |
+                                                               ``routing.NoRoute``
+``Release(...)``   gives a slot back (``refused``: the ledger  None
+                   said the node is full)
+``Mark(...)``      records a node's success or failure         None
+``Notify(...)``    calls a plugin hook                         the hook's result
+``Enqueue(...)``   joins the policy's saturation queue         False when it is full
+``Dequeue(...)``   leaves it                                   None
+``Wait(...)``      sleeps until ``until`` (or a queue wake-up) None
+``Lease(...)``     asks the cross-process ledger for a lease   bool (granted)
+``Send(...)``      sends the attempt                           the answer, or the NodeError
+=================  ==========================================  ==============================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .. import routing
+    from ..fleet import NodeState, Reservation
+    from .queue import Ticket
+    from .record import Step
+    from .request import Request
+
+__all__ = [
+    "Behind",
+    "Dequeue",
+    "Enqueue",
+    "Lease",
+    "Mark",
+    "Notify",
+    "Now",
+    "Operation",
+    "Release",
+    "Reserve",
+    "Reserved",
+    "Send",
+    "Wait",
+]
+
+
+@dataclass(frozen=True)
+class Now:
+    """Read the clock."""
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """Route ``request`` (excluding ``exclude``) and reserve the chosen node's slot, in one
+    critical section; ``ticket``: the request's place in a saturation queue, if its policy
+    queues (requests queued earlier for the same model come first)."""
+
+    request: Request
+    exclude: frozenset[str]
+    now: float
+    ticket: Ticket | None
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """A slot was reserved: the decision, the reservation, how long deciding took (µs)."""
+
+    decision: routing.Decision
+    reservation: Reservation
+    decision_us: float
+
+
+@dataclass(frozen=True)
+class Behind:
+    """Requests queued earlier for the same model come first: wait behind them."""
+
+    trace: tuple[dict[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Release:
+    """Give ``reservation``'s slot back (``refused``: the ledger refused its lease at ``now``)."""
+
+    reservation: Reservation
+    refused: bool = False
+    now: float = 0.0
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Record an outcome on ``node``: a success (with its latencies) or a node-side failure."""
+
+    node: NodeState
+    ok: bool
+    now: float
+    ttft_s: float | None = None
+    service_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Notify:
+    """Call the plugin hook ``hook`` with ``kwargs`` (failures are isolated, never raised)."""
+
+    hook: str
+    kwargs: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Enqueue:
+    """Join the back of ``ticket``'s saturation queue."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class Dequeue:
+    """Leave ``ticket``'s saturation queue (the next request in it may route now)."""
+
+    ticket: Ticket
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Wait until ``until`` (the dispatcher's clock); with a ``ticket``, a queue wake-up (a
+    slot freed and this request is first in line) ends the wait early."""
+
+    until: float
+    ticket: Ticket | None = None
+
+    @property
+    def for_capacity(self) -> bool:
+        """Whether freed capacity ends the wait early."""
+        return self.ticket is not None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Ask the cross-process ledger for a lease on ``step``'s node (the driver picks the lease
+    id and records it on the reservation when granted)."""
+
+    step: Step
+
+
+@dataclass(frozen=True)
+class Send:
+    """Send the request on ``step``; the result is the answer, or the NodeError it raised."""
+
+    step: Step
+
+
+Operation = Now | Reserve | Release | Mark | Notify | Enqueue | Dequeue | Wait | Lease | Send
+"""What an attempt flow asks its driver to do."""
