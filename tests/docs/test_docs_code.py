@@ -36,7 +36,7 @@ SEED_MARKER = "<!-- docs-test: seed-fleet -->"
 # check the page's hook sections).
 OWNED_ELSEWHERE = {"plugins.md"}
 RUN_LANGS = {"python", "pycon"}
-OTHER_LANGS = {"toml", "bash", "console", "text", "json", "ini", "yaml", "http", ""}
+OTHER_LANGS = {"toml", "bash", "console", "text", "json", "ini", "yaml", "http", "mermaid", ""}
 SNIPPET = re.compile(r'^\s*--8<--\s+"(?P<path>[^"]+)"\s*$')
 OPEN_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)$")
 DOCTEST_FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE

@@ -1,6 +1,6 @@
 """The 0.3 release post's examples, run as written, against simulated nodes on loopback.
 
-Each snippet below is copied verbatim from the post (shared/seed/000_d4a45f9fa355f70e.txt).
+Each snippet below is copied verbatim from the post (kept in tests/fixtures/seed/release-0.3.txt).
 The post's client takes no config argument, so the fleet's zml.toml is found the way a user's
 would be: in the current directory.
 """
@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 import zml
+
+SEED_POST = Path(__file__).resolve().parents[1] / "fixtures" / "seed" / "release-0.3.txt"
 
 INLINE_POLICY = '''
 import zml
@@ -81,10 +83,7 @@ def in_fleet_dir(seed_fleet: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_seed_examples_are_quoted_verbatim() -> None:
-    seed = Path(__file__).resolve().parents[3] / "shared" / "seed" / "000_d4a45f9fa355f70e.txt"
-    if not seed.exists():  # a clone without the steering folder beside it
-        pytest.skip("shared/seed is not beside this checkout")
-    text = seed.read_text()
+    text = SEED_POST.read_text(encoding="utf-8")
     for snippet in (INLINE_POLICY, POLICY_BY_NAME, ASYNC_CLIENT, TOML_POLICY):
         for line in snippet.strip().splitlines():
             assert line in text, line
