@@ -1,20 +1,27 @@
-"""Client-side overhead of zml against a bare httpx2 call to the same node (DESIGN.md budget).
+"""Client-side overhead of zml against bare httpx2 on the same nodes (issue "Hot path").
 
 Everything is a ratio measured in one run on one machine, so a busy machine shifts both sides:
 
-* client CPU per non-streamed request: ``client.infer`` vs a bare ``httpx2`` POST + ``json``
-  (budget <= 1.3x);
-* client CPU per streamed request of 32 content chunks: ``client.infer_stream`` vs bare httpx2 +
-  ``httpx2.EventSource`` + ``json`` per event (budget <= 1.5x);
-* routing decision time at 100 and 10,000 nodes (budget: median <= 20 us and <= 1 ms);
-* ``import zml`` vs ``import httpx2`` (budget <= 1.3x), in fresh interpreters;
-* memory per in-flight request with 1,000 concurrent streams (budget <= 16 KB), as Python
-  allocations (tracemalloc) per open stream, for zml and for bare httpx2 holding the same
-  streams: the difference is what zml itself adds per request.
+* client CPU per non-streamed request: ``zml.AsyncClient.infer`` vs a bare ``httpx2.AsyncClient``
+  POST + ``json``, at 1 and at 64 requests in flight (budget <= 1.1x);
+* client CPU per streamed request of 32 content chunks: ``infer_stream`` vs the floor, bare
+  ``client.stream(...)`` + ``aiter_lines()`` + ``json.loads`` of each ``data:`` line, at 1 and
+  at 64 in flight (budget <= 1.3x);
+* the same for a *fresh* client's first 2,000 requests at 64 in flight ("cold"), against a
+  fresh bare client's;
+* routing decision time at 100 and 10,000 nodes, and at 10,000 nodes with every family full
+  (budget: median <= 10 us and <= 100 us);
+* a fresh process doing import + client + one request to a local node, zml vs bare httpx2
+  (interpreter start subtracted; budget <= 1.5x);
+* memory per in-flight stream with 1,000 concurrent streams (budget <= 8 KB of zml's own),
+  as Python allocations (tracemalloc) per open stream, for zml and for bare httpx2 holding the
+  same streams: the difference is what zml itself adds per stream.
 
-The simulated node runs in another process (``zml sim serve``) with no artificial delays, so
+The simulated nodes run in another process (``zml sim serve``) with no artificial delays, so
 only this process's CPU (``time.process_time``) is counted. Rounds alternate zml and bare so
-that noise from other work on the machine falls on both. Always exits 0: figures, not a gate.
+that noise from other work on the machine falls on both; each figure is the median of the
+rounds. Always exits 0: figures, not a gate. The last lines have a fixed format
+(``overhead stream C=64: 1.20x`` ...) for the issue notes.
 
 Run: ``uv run python benchmarks/overhead.py [--requests N] [--rounds R] [--streams S]``
 """
@@ -33,14 +40,17 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx2
 
 MODEL = "bench-model"
 MESSAGES = [{"role": "user", "content": "benchmark"}]
+NODES = 3
+CHUNKS = 32
 
 
 def _free_port() -> int:
@@ -49,23 +59,25 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _config(port: int, slots: int, tokens_per_s: float | None = None) -> str:
+def _config(ports: list[int], slots: int, tokens_per_s: float | None = None) -> str:
     sim = f"\n[nodes.sim]\ntokens_per_s = {tokens_per_s}\nqueue_size = 4096\n" if tokens_per_s \
         else "\n[nodes.sim]\nqueue_size = 4096\n"
-    return (
-        "[accelerators.H100]\n\n[[nodes]]\nid = \"bench\"\nfamily = \"H100\"\n"
-        f"url = \"http://127.0.0.1:{port}\"\nmodels = [\"{MODEL}\"]\nmax_concurrency = {slots}\n"
-        f"{sim}\n[policies.bench]\naccelerator_chain = [\"H100\"]\n"
+    nodes = "".join(
+        f"\n[[nodes]]\nid = \"bench{i}\"\nfamily = \"H100\"\nurl = \"http://127.0.0.1:{port}\"\n"
+        f"models = [\"{MODEL}\"]\nmax_concurrency = {slots}\n{sim}"
+        for i, port in enumerate(ports)
     )
+    return f"[accelerators.H100]\n{nodes}\n[policies.bench]\naccelerator_chain = [\"H100\"]\n"
 
 
 @contextmanager
-def sim_node(slots: int, time_scale: float, tokens_per_s: float | None = None) -> Iterator[Path]:
-    """A simulated node in a child process; yields the zml.toml that points at it."""
-    port = _free_port()
+def sim_nodes(count: int, slots: int, time_scale: float,
+              tokens_per_s: float | None = None) -> Iterator[Path]:
+    """Simulated nodes in a child process; yields the zml.toml that points at them."""
+    ports = [_free_port() for _ in range(count)]
     folder = Path(tempfile.mkdtemp(prefix="zml-bench-"))
     config = folder / "zml.toml"
-    config.write_text(_config(port, slots, tokens_per_s))
+    config.write_text(_config(ports, slots, tokens_per_s))
     proc = subprocess.Popen(
         [sys.executable, "-m", "zml", "sim", "serve", str(config), "--time-scale",
          str(time_scale)],
@@ -73,101 +85,174 @@ def sim_node(slots: int, time_scale: float, tokens_per_s: float | None = None) -
     )
     try:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx2.HTTPError:
-                time.sleep(0.1)
-        else:
-            raise SystemExit("the simulated node did not start")
+        for port in ports:
+            while time.monotonic() < deadline:
+                try:
+                    if httpx2.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code \
+                            == 200:
+                        break
+                except httpx2.HTTPError:
+                    time.sleep(0.1)
+            else:
+                raise SystemExit("the simulated node did not start")
         yield config
     finally:
         proc.terminate()
         proc.wait(timeout=10)
 
 
-def _cpu_per_call(fn: Callable[[], object], n: int) -> float:
+# --- request and stream CPU, async, 1 and 64 in flight -----------------------------------
+
+
+class Side:
+    """One client (zml or bare) and its two operations: a JSON request and a stream."""
+
+    def __init__(self, config: Path, zml_side: bool) -> None:
+        import zml
+
+        self.zml = zml_side
+        registry = zml.Client(config=config).registry
+        self.urls = [n.url + "/v1/chat/completions" for n in registry.nodes]
+        self.turn = 0
+        self.config = config
+        self.body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 16}).encode()
+        self.sbody = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": CHUNKS,
+                                 "ignore_eos": True, "stream": True,
+                                 "stream_options": {"include_usage": True}}).encode()
+        self.headers = {"content-type": "application/json"}
+        self.client: Any = None
+
+    async def __aenter__(self) -> Side:
+        import zml
+
+        if self.zml:
+            self.client = zml.AsyncClient(config=self.config, probe_interval_s=None)
+        else:
+            self.client = httpx2.AsyncClient(
+                limits=httpx2.Limits(max_connections=None, max_keepalive_connections=256))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.aclose()
+
+    def _url(self) -> str:
+        self.turn += 1
+        return self.urls[self.turn % len(self.urls)]
+
+    async def json(self) -> object:
+        if self.zml:
+            return await self.client.infer(MODEL, MESSAGES, policy="bench", max_tokens=16)
+        r = await self.client.post(self._url(), content=self.body, headers=self.headers)
+        r.raise_for_status()
+        return r.json()
+
+    async def stream(self) -> int:
+        n = 0
+        if self.zml:
+            async for _ in self.client.infer_stream(MODEL, MESSAGES, policy="bench",
+                                                    max_tokens=CHUNKS,
+                                                    extra_body={"ignore_eos": True}):
+                n += 1
+            return n
+        async with self.client.stream("POST", self._url(), content=self.sbody,
+                                      headers=self.headers) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data:"):
+                    data = line[5:].strip()
+                    if data != "[DONE]":
+                        json.loads(data)
+                        n += 1
+        return n
+
+
+async def _run(op: Callable[[], Awaitable[object]], n: int, concurrency: int) -> float:
+    """CPU seconds per operation for ``n`` operations, ``concurrency`` in flight."""
+    per = n // concurrency
+
+    async def worker() -> None:
+        for _ in range(per):
+            await op()
+
     gc.collect()
     start = time.process_time()
-    for _ in range(n):
-        fn()
-    return (time.process_time() - start) / n
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return (time.process_time() - start) / (per * concurrency)
 
 
-def _alternate(zml_fn: Callable[[], object], bare_fn: Callable[[], object], n: int,
-               rounds: int) -> tuple[float, float]:
-    for fn in (zml_fn, bare_fn):  # warm up connections, caches, lazy imports
-        for _ in range(20):
-            fn()
-    zs, bs = [], []
-    for _ in range(rounds):
-        zs.append(_cpu_per_call(zml_fn, n))
-        bs.append(_cpu_per_call(bare_fn, n))
+async def _pair(config: Path, mode: str, n: int, concurrency: int, rounds: int
+                ) -> tuple[float, float]:
+    """Settled medians (zml, bare) in seconds: rounds alternate the two sides."""
+    async with Side(config, True) as z, Side(config, False) as b:
+        zop, bop = getattr(z, mode), getattr(b, mode)
+        for op in (zop, bop):  # warm up connections, caches, lazy imports
+            await _run(op, 2 * concurrency, concurrency)
+        zs, bs = [], []
+        for _ in range(rounds):
+            zs.append(await _run(zop, n, concurrency))
+            bs.append(await _run(bop, n, concurrency))
     return statistics.median(zs), statistics.median(bs)
 
 
-def bench_requests(n: int, rounds: int) -> dict[str, float]:
-    import zml
+async def _cold(config: Path, mode: str, n: int, concurrency: int, rounds: int
+                ) -> tuple[float, float]:
+    """A fresh client's first ``n`` operations (zml, bare): the median over rounds."""
+    zs, bs = [], []
+    for _ in range(rounds):
+        for side, out in ((True, zs), (False, bs)):
+            async with Side(config, side) as s:
+                out.append(await _run(getattr(s, mode), n, concurrency))
+    return statistics.median(zs), statistics.median(bs)
 
-    with sim_node(slots=64, time_scale=0.0) as config:
+
+def bench_requests(n: int, rounds: int, cold_n: int) -> dict[str, tuple[float, float]]:
+    out: dict[str, tuple[float, float]] = {}
+    with sim_nodes(NODES, slots=256, time_scale=0.0) as config:
+        async def main() -> None:
+            async with Side(config, True) as z:
+                chunks = await z.stream()
+                assert chunks >= CHUNKS, chunks
+            for mode in ("json", "stream"):
+                for c in (1, 64):
+                    count = n if c == 64 else max(50, n // 4)
+                    out[f"{mode} C={c}"] = await _pair(config, mode, count, c, rounds)
+                out[f"{mode} C=64 cold"] = await _cold(config, mode, cold_n, 64,
+                                                       max(1, rounds // 2))
+
+        asyncio.run(main())
+    return out
+
+
+# --- first request in a fresh process ----------------------------------------------------
+
+
+def bench_first_request(runs: int = 5) -> dict[str, float]:
+    with sim_nodes(1, slots=8, time_scale=0.0) as config:
+        import zml
+
         url = zml.Client(config=config).registry.nodes[0].url + "/v1/chat/completions"
-        body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 16}).encode()
-        sbody = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 32,
-                            "ignore_eos": True, "stream": True,
-                            "stream_options": {"include_usage": True}}).encode()
-        headers = {"content-type": "application/json"}
-        with zml.Client(config=config) as client, httpx2.Client() as http:
+        body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 4})
+        bare = (f"import httpx2\nwith httpx2.Client() as c:\n"
+                f"    r = c.post({url!r}, content={body!r}, "
+                f"headers={{'content-type': 'application/json'}})\n"
+                f"    r.raise_for_status(); r.json()\n")
+        ours = (f"import zml\nwith zml.Client(config={str(config)!r}) as c:\n"
+                f"    c.infer({MODEL!r}, [{{'role': 'user', 'content': 'x'}}], max_tokens=4)\n")
 
-            def zml_call() -> object:
-                return client.infer(MODEL, MESSAGES, policy="bench", max_tokens=16)
+        def cost(stmt: str) -> float:
+            times = []
+            for _ in range(runs):
+                start = time.perf_counter()
+                subprocess.run([sys.executable, "-c", stmt], check=True)
+                times.append(time.perf_counter() - start)
+            return statistics.median(times)
 
-            def bare_call() -> object:
-                r = http.post(url, content=body, headers=headers)
-                r.raise_for_status()
-                return r.json()
-
-            def zml_stream() -> object:
-                n = 0
-                for _ in client.infer_stream(MODEL, MESSAGES, policy="bench", max_tokens=32,
-                                             extra_body={"ignore_eos": True}):
-                    n += 1
-                return n
-
-            def bare_stream() -> object:
-                n = 0
-                with http.stream("POST", url, content=sbody, headers=headers) as r:
-                    for event in httpx2.EventSource(r):
-                        if event.data == "[DONE]":
-                            break
-                        json.loads(event.data)
-                        n += 1
-                return n
-
-            chunks = zml_stream()
-            z, b = _alternate(zml_call, bare_call, n, rounds)
-            zs, bs = _alternate(zml_stream, bare_stream, max(10, n // 4), rounds)
-            assert client.fleet.in_flight == 0
-    return {"zml_us": z * 1e6, "bare_us": b * 1e6, "ratio": z / b,
-            "zml_stream_us": zs * 1e6, "bare_stream_us": bs * 1e6, "stream_ratio": zs / bs,
-            "chunks": float(chunks)}
+        base = cost("pass")
+        b = cost(bare) - base
+        z = cost(ours) - base
+    return {"bare_ms": b * 1e3, "zml_ms": z * 1e3, "ratio": z / b}
 
 
-def bench_import(runs: int = 7) -> dict[str, float]:
-    def cost(stmt: str) -> float:
-        times = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            subprocess.run([sys.executable, "-c", stmt], check=True)
-            times.append(time.perf_counter() - start)
-        return statistics.median(times)
-
-    base = cost("pass")
-    httpx = cost("import httpx2") - base
-    zml_ = cost("import zml") - base
-    first_use = cost("import zml; zml.Client") - base
-    return {"httpx2_ms": httpx * 1e3, "zml_ms": zml_ * 1e3, "ratio": zml_ / httpx,
-            "zml_client_ms": first_use * 1e3}
+# --- memory per open stream ----------------------------------------------------------------
 
 
 async def _hold_streams(config: Path, count: int, bare: bool) -> dict[str, float]:
@@ -186,15 +271,16 @@ async def _hold_streams(config: Path, count: int, bare: bool) -> dict[str, float
 
         async def open_bare() -> tuple[httpx2.Response, object]:
             response = await http.send(http.build_request("POST", url, json=body), stream=True)
-            events = httpx2.EventSource(response).__aiter__()
-            await events.__anext__()
-            return response, events
+            lines = response.aiter_lines().__aiter__()
+            while not (await lines.__anext__()).startswith("data:"):
+                pass
+            return response, lines
 
         async def open_zml() -> object:
-            it = client.infer_stream(MODEL, MESSAGES, policy="bench", max_tokens=10_000,
-                                     extra_body={"ignore_eos": True}).__aiter__()
-            await it.__anext__()
-            return it
+            stream = client.infer_stream(MODEL, MESSAGES, policy="bench", max_tokens=10_000,
+                                         extra_body={"ignore_eos": True})
+            await anext(stream)
+            return stream
 
         opener = open_bare if bare else open_zml
         await asyncio.gather(*(opener() for _ in range(4)))  # warm up both paths' lazy state
@@ -218,7 +304,7 @@ async def _hold_streams(config: Path, count: int, bare: bool) -> dict[str, float
 
 
 def bench_memory(count: int) -> dict[str, float]:
-    with sim_node(slots=2 * count + 64, time_scale=1.0, tokens_per_s=0.5) as config:
+    with sim_nodes(1, slots=2 * count + 64, time_scale=1.0, tokens_per_s=0.5) as config:
         bare = asyncio.run(_hold_streams(config, count, bare=True))
         ours = asyncio.run(_hold_streams(config, count, bare=False))
     return {"streams": ours["streams"], "zml": ours["bytes_per_request"],
@@ -227,33 +313,53 @@ def bench_memory(count: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=300, help="requests per round")
+    parser.add_argument("--requests", type=int, default=1024, help="requests per round at C=64")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cold", type=int, default=2000, help="a fresh client's first N")
     parser.add_argument("--streams", type=int, default=1000, help="concurrent streams held")
+    parser.add_argument("--only", choices=("requests", "routing", "first", "memory"))
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
     from routing_decision import measure
 
     print(f"zml overhead benchmark — {time.strftime('%Y-%m-%d')}, {os.cpu_count()} CPUs, "
           f"Python {sys.version.split()[0]}")
-    req = bench_requests(args.requests, args.rounds)
-    print(f"non-streamed request, client CPU: zml {req['zml_us']:.0f} us, bare httpx2 "
-          f"{req['bare_us']:.0f} us -> {req['ratio']:.2f}x (budget <= 1.3x)")
-    print(f"streamed request ({req['chunks']:.0f} chunks), client CPU: zml "
-          f"{req['zml_stream_us']:.0f} us, bare httpx2+SSE {req['bare_stream_us']:.0f} us -> "
-          f"{req['stream_ratio']:.2f}x (budget <= 1.5x)")
-    for n, budget in ((100, 20.0), (10_000, 1000.0)):
-        m = measure(n, runs=2000 if n == 100 else 200)
-        print(f"routing decision at {n} nodes: median {m['median_ns'] / 1e3:.1f} us, p99 "
-              f"{m['p99_ns'] / 1e3:.1f} us (budget median <= {budget:g} us)")
-    imp = bench_import()
-    print(f"import: zml {imp['zml_ms']:.0f} ms, httpx2 {imp['httpx2_ms']:.0f} ms -> "
-          f"{imp['ratio']:.2f}x (budget <= 1.3x); zml + first use of zml.Client "
-          f"{imp['zml_client_ms']:.0f} ms")
-    mem = bench_memory(args.streams)
-    print(f"memory per in-flight stream ({mem['streams']:.0f} concurrent): zml "
-          f"{mem['zml'] / 1024:.1f} KB, bare httpx2+SSE {mem['bare'] / 1024:.1f} KB -> zml's own "
-          f"{(mem['zml'] - mem['bare']) / 1024:.1f} KB (budget <= 16 KB)")
+    lines: list[str] = []
+    if args.only in (None, "requests"):
+        req = bench_requests(args.requests, args.rounds, args.cold)
+        print(f"\n{'client CPU per request':<28}{'zml us':>10}{'bare us':>10}{'ratio':>8}")
+        for name, (z, b) in req.items():
+            print(f"{name:<28}{z * 1e6:>10.0f}{b * 1e6:>10.0f}{z / b:>7.2f}x")
+            lines.append(f"overhead {name}: {z / b:.2f}x")
+        order = ["json C=1", "json C=64", "stream C=1", "stream C=64", "json C=64 cold",
+                 "stream C=64 cold"]
+        lines.sort(key=lambda line: order.index(line[len("overhead "):line.index(":")]))
+    if args.only in (None, "routing"):
+        print(f"\n{'routing decision':<28}{'median us':>10}{'p99 us':>10}")
+        for label, n, mode, busy in (("100 nodes", 100, "balanced", 0.6),
+                                     ("10000 nodes", 10_000, "balanced", 0.6),
+                                     ("10000 nodes, all full", 10_000, "latency", 0.95)):
+            m = measure(n, runs=2000 if n == 100 else 200, cost_priority=mode,  # type: ignore[arg-type]
+                        busy=busy)
+            med, p99 = float(m["median_ns"]) / 1e3, float(m["p99_ns"]) / 1e3  # type: ignore[arg-type]
+            print(f"{label:<28}{med:>10.1f}{p99:>10.1f}")
+            key = "worst 10000 nodes" if "full" in label else f"p50 {label}"
+            lines.append(f"routing {key}: {med:.0f} us")
+    if args.only in (None, "first"):
+        first = bench_first_request()
+        print(f"\nfirst request in a fresh process: zml {first['zml_ms']:.0f} ms, bare httpx2 "
+              f"{first['bare_ms']:.0f} ms (interpreter start subtracted)")
+        lines.append(f"first request: {first['ratio']:.2f}x")
+    if args.only in (None, "memory"):
+        mem = bench_memory(args.streams)
+        own = (mem["zml"] - mem["bare"]) / 1024
+        print(f"\nmemory per in-flight stream ({mem['streams']:.0f} concurrent): zml "
+              f"{mem['zml'] / 1024:.1f} KB, bare httpx2 {mem['bare'] / 1024:.1f} KB -> zml's own "
+              f"{own:.1f} KB")
+        lines.append(f"memory per stream: {own:.1f} KB")
+    print()
+    for line in lines:
+        print(line)
     return 0
 
 

@@ -376,3 +376,37 @@ def test_a_thousand_cancelled_streams_release_every_slot(sim_fleet: Any) -> None
     s = settled_stats(node)
     assert (s.requests_total, s.completed_total, s.rejected_total) == (total, 0, 0)
     assert s.running_peak <= 64
+
+
+def test_break_reaches_the_node_before_the_callers_next_await(setup: Any) -> None:
+    """After a bare ``break`` out of ``async for``, the node counts the abort while the caller
+    has not awaited anything since (the wait below blocks the event loop): the connection was
+    closed by the break itself, not by a cleanup scheduled on the loop."""
+    node = setup.node("gpu")
+
+    async def main() -> None:
+        async with zml.AsyncClient(config=setup.path, probe_interval_s=None) as client:
+            async for _ in client.infer_stream(MODEL, MSGS, policy="prod", **LONG):
+                break
+            assert client.fleet.in_flight == 0
+            wait_for(settled(node, 1), "the node to abort the request", timeout=5.0)
+
+    asyncio.run(main())
+    assert settled_stats(node).aborted_total == 1
+
+
+def test_dropping_an_async_stream_mid_read_state_closes_it(setup: Any) -> None:
+    """Held, partly read, then dropped with no loop turn: the finalizer releases at once."""
+    node = setup.node("gpu")
+
+    async def main() -> None:
+        async with zml.AsyncClient(config=setup.path, probe_interval_s=None) as client:
+            stream = client.infer_stream(MODEL, MSGS, policy="prod", **LONG)
+            await anext(stream)
+            await anext(stream)
+            assert client.fleet.in_flight == 1
+            del stream
+            assert client.fleet.in_flight == 0
+            wait_for(settled(node, 1), "the node to abort the request", timeout=5.0)
+
+    asyncio.run(main())

@@ -211,3 +211,46 @@ def test_stream_and_infer_agree_on_the_same_seed(setup: Any) -> None:
     assert stream.text == full.choices[0].message.content
     assert stream.usage is not None and full.usage is not None
     assert stream.usage.completion_tokens == full.usage.completion_tokens
+
+
+# --- streams are Python iterators -----------------------------------------------------------
+
+
+def test_sync_next_then_for_continues_where_next_stopped(setup: Any) -> None:
+    with zml.Client(config=setup.path) as client:
+        full = list(client.infer_stream(MODEL, MSGS, policy="prod", seed=5))
+        stream = client.infer_stream(MODEL, MSGS, policy="prod", seed=5)
+        assert iter(stream) is stream
+        first, second = next(stream), next(stream)
+        rest = [c for c in stream]
+        assert len(rest) == len(full) - 2
+        shape = {"id", "created", "routing"}
+        assert [c.model_dump(exclude=shape) for c in [first, second, *rest]] == \
+            [c.model_dump(exclude=shape) for c in full]
+        with pytest.raises(StopIteration):
+            next(stream)
+        assert client.fleet.in_flight == 0
+
+
+def test_async_stream_is_an_async_iterator(setup: Any) -> None:
+    async def main() -> None:
+        async with zml.AsyncClient(config=setup.path, probe_interval_s=None) as client:
+            full = [c async for c in client.infer_stream(MODEL, MSGS, policy="prod", seed=5)]
+            stream = client.infer_stream(MODEL, MSGS, policy="prod", seed=5)
+            assert stream.__aiter__() is stream
+            first = await anext(stream)  # dispatches
+            assert first.routing is stream.routing and stream.routing is not None
+            second = await stream.__anext__()
+            async for c in stream:  # continues from the third chunk
+                assert c.routing is stream.routing
+                break
+            rest = [c async for c in stream]
+            assert len(rest) + 3 == len(full)
+            assert await anext(stream, None) is None
+            assert first.choices[0].delta.role == "assistant" and second.choices
+            assert stream.text == "".join(c.choices[0].delta.content or ""
+                                          for c in full if c.choices)
+            assert client.fleet.in_flight == 0
+            await stream.aclose()  # harmless once ended
+
+    asyncio.run(main())

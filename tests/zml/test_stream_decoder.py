@@ -1,4 +1,4 @@
-"""``zml.transport.StreamDecoder``: SSE payloads in, chunk dicts and integrity checks out.
+"""``zml.sse.StreamDecoder``: SSE payloads in, chunk objects and integrity checks out.
 
 Pure: no sockets, no clock. The stream layers (sync and async) rely on exactly these rules:
 ``[DONE]`` ends a stream, a finish_reason without ``[DONE]`` is complete when the connection
@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import zml
-from zml.transport import StreamDecoder
+from zml.sse import MAX_EVENT_BYTES, EventSplitter, StreamDecoder
 
 
 def chunk(content: str | None = None, *, finish: str | None = None, role: str | None = None,
@@ -42,8 +42,8 @@ def test_done_ends_the_stream_and_text_accumulates() -> None:
               chunk(finish="stop"), chunk(usage={"prompt_tokens": 1, "completion_tokens": 3,
                                                  "total_tokens": 4})]
     out = [d.feed(e) for e in events]
-    assert all(isinstance(o, dict) for o in out)
-    assert out[1] is not None and out[1]["choices"][0]["delta"]["content"] == "Hello"
+    assert all(isinstance(o, zml.ChatCompletionChunk) for o in out)
+    assert out[1] is not None and out[1].choices[0].delta.content == "Hello"
     assert d.text == "Hello, world"
     assert d.chunks == len(events)
     assert d.finish_reason == "stop"
@@ -159,6 +159,117 @@ def test_null_and_missing_fields_are_tolerated() -> None:
     d = StreamDecoder("n1")
     d.feed(json.dumps({"choices": [{"index": 0, "delta": {"content": None}}]}))
     d.feed(json.dumps({"choices": [{"index": 0, "delta": None, "finish_reason": None}]}))
-    d.feed(json.dumps({"choices": None}))
-    d.feed(json.dumps({"id": "x"}))
+    d.feed(json.dumps({"choices": []}))
+    d.feed(json.dumps({"id": "x", "choices": [], "usage": None}))
     assert d.chunks == 4 and d.text == "" and d.finish_reason is None
+    assert not d.progressed
+
+
+@pytest.mark.parametrize(
+    ("event", "fragment"),
+    [
+        ({"choices": "abc"}, "choices is str 'abc', expected a list"),
+        ({}, "no 'choices'"),
+        ({"choices": None}, "choices is null, expected a list"),
+        ({"choices": [5]}, "choices[0] is int"),
+        ({"choices": [{"delta": "x"}]}, "choices[0].delta is str"),
+        ({"choices": [{"delta": {"content": 5}}]}, "choices[0].delta.content is int"),
+        ({"choices": [{"delta": {"role": []}}]}, "choices[0].delta.role is list"),
+        ({"choices": [], "usage": [1]}, "usage is list"),
+        ({"choices": [], "usage": {"total_tokens": "3"}}, "usage.total_tokens is str"),
+        ({"choices": [{"delta": {"tool_calls": "zz"}}]}, "tool_calls is str"),
+        ({"choices": [{"delta": {"tool_calls": [1]}}]}, "tool_calls[0] is int"),
+        ({"choices": [{"delta": {"tool_calls": [{"function": "f"}]}}]}, ".function is str"),
+        ({"choices": [{"delta": {"tool_calls": [{"function": {"arguments": 1}}]}}]},
+         ".function.arguments is int"),
+        ({"choices": [{"delta": {}, "finish_reason": 1}]}, "finish_reason is int"),
+        ({"choices": [{"delta": {}, "index": "0"}]}, "choices[0].index is str"),
+        ({"choices": [], "id": 7}, "id is int"),
+        ({"choices": [], "model": None}, "model is null"),
+        ({"choices": [], "created": 1.5}, "created is float"),
+    ],
+)
+def test_hostile_shapes_are_protocol_errors_naming_the_node(event: Any, fragment: str) -> None:
+    d = StreamDecoder("evil")
+    d.feed(chunk("ok"))
+    with pytest.raises(zml.NodeProtocolError) as info:
+        d.feed(json.dumps(event))
+    assert not isinstance(info.value, zml.IncompleteStreamError)
+    assert info.value.node_id == "evil" and "'evil'" in str(info.value)
+    assert fragment in str(info.value), str(info.value)
+    assert d.chunks == 1
+
+
+@pytest.mark.parametrize("data", ["[5]", "[" * 100_000 + "]" * 100_000,
+                                  '{"choices": ' + "[" * 5000 + "]" * 5000 + "}"])
+def test_arrays_and_deep_nesting_are_protocol_errors(data: str) -> None:
+    with pytest.raises(zml.NodeProtocolError) as info:
+        StreamDecoder("n1").feed(data)
+    assert info.value.node_id == "n1"
+
+
+def test_bytes_payloads_and_invalid_utf8() -> None:
+    d = StreamDecoder("n1")
+    out = d.feed(chunk("héllo").encode())
+    assert out is not None and out.choices[0].delta.content == "héllo"
+    assert d.feed(b"[DONE]") is None and d.done
+    with pytest.raises(zml.NodeProtocolError, match="malformed"):
+        StreamDecoder("n1").feed(b'{"choices": [], "id": "' + b"\xff" + b'"}')
+
+
+def test_extra_fields_are_kept_and_reasoning_counts_as_progress() -> None:
+    d = StreamDecoder("n1")
+    c = d.feed(json.dumps({"choices": [{"index": 0, "delta": {"role": "assistant",
+                                                               "content": ""}}],
+                           "system_fingerprint": "fp"}))
+    assert c is not None and not d.progressed  # a role chunk is not a token
+    assert c.model_dump()["system_fingerprint"] == "fp"
+    c = d.feed(json.dumps({"choices": [{"index": 0, "stop_reason": None,
+                                        "delta": {"reasoning_content": "hmm"}}]}))
+    assert c is not None and d.progressed
+    assert c.choices[0].delta.reasoning_content == "hmm"  # type: ignore[attr-defined]
+    assert c.choices[0].model_dump()["stop_reason"] is None
+
+
+# --- zml.sse.EventSplitter: bytes in, event data out -----------------------------------------
+
+
+def split_all(pieces: list[bytes]) -> list[bytes]:
+    s = EventSplitter("n1")
+    out: list[bytes] = []
+    for piece in pieces:
+        out += s.feed(piece)
+    return out
+
+
+STREAM = (b": keep-alive\n\ndata: {\"a\": 1}\n\nevent: message\nid: 7\ndata: first\ndata: second"
+          b"\n\nretry: 10\n\ndata:no-space\n\ndata\n\ndata: [DONE]\n\n")
+EXPECTED = [b'{"a": 1}', b"first\nsecond", b"no-space", b"", b"[DONE]"]
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"])
+def test_splitter_follows_the_event_stream_rules(newline: bytes) -> None:
+    data = STREAM.replace(b"\n", newline)
+    assert split_all([data]) == EXPECTED
+    assert split_all([data[i:i + 1] for i in range(len(data))]) == EXPECTED  # byte by byte
+    assert split_all([data[i:i + 7] for i in range(0, len(data), 7)]) == EXPECTED
+
+
+def test_splitter_keeps_unicode_line_separators_inside_json() -> None:
+    payload = json.dumps({"choices": [{"delta": {"content": "a\u2028b\x85c"}}]},
+                         ensure_ascii=False).encode()
+    assert split_all([b"data: " + payload + b"\n\n"]) == [payload]
+
+
+def test_splitter_drops_an_unterminated_event_and_bounds_sizes() -> None:
+    assert split_all([b"data: {}\n\ndata: cut"]) == [b"{}"]
+    s = EventSplitter("big")
+    s.feed(b"data: ")
+    with pytest.raises(zml.NodeProtocolError, match="larger than") as info:
+        for _ in range(MAX_EVENT_BYTES // 65536 + 2):
+            s.feed(b"x" * 65536)  # one endless line
+    assert info.value.node_id == "big"
+    s = EventSplitter("big")
+    with pytest.raises(zml.NodeProtocolError, match="larger than"):
+        for _ in range(MAX_EVENT_BYTES // 60000 + 2):
+            s.feed(b"data: " + b"y" * 60000 + b"\n")  # many data lines, never dispatched

@@ -1,149 +1,503 @@
-"""Streamed answers: ``Stream`` (sync) and ``AsyncStream`` (async).
+"""Streamed answers: ``Stream`` (sync) and ``AsyncStream`` (async), real Python iterators.
 
-A stream is dispatched like any request (routing, failover) until its first chunk arrives;
-from then on it belongs to one node, and a failure raises instead of retrying. Iteration is a
-generator that only the ``for`` loop holds, so leaving the loop early (``break``, an exception,
-task cancellation) closes the generator and with it the HTTP connection: the node sees the
-disconnect and drops the request. ``close()`` / ``aclose()`` and the context-manager forms do
-the same explicitly.
+A stream is dispatched like any request (routing, failover) until its first token arrives;
+from then on it belongs to one node, and a failure raises instead of retrying.
+
+Iteration. ``Stream`` is its own iterator (``next(stream)``, then ``for`` goes on from there);
+``AsyncStream`` is its own async iterator (``anext(stream)``, ``async for``). Each holds one
+read state, so iterating again continues where the last loop stopped, as with a file.
+
+Lifetime, one mechanism. A stream is *new* (async only: not dispatched yet), *open* (a slot and
+a connection are held) or *ended*; it moves to ended exactly once, through :meth:`_end`,
+whatever the way: the answer completed, a failure, ``close()``/``aclose()``, leaving a
+``with`` block, or garbage collection. Leaving a loop over a stream nobody else holds
+(``for chunk in client.infer_stream(...): break``, an exception, a cancelled task) drops the
+stream, and its finalizer ends it *at once*: it frees the slot and closes the connection
+synchronously (the socket is shut down, so the node sees the disconnect before the caller
+awaits anything). A finalizer only releases: it never awaits or sends; the async HTTP
+response's own cleanup then runs on the event loop. A stream still held after ``break`` stays
+open (it can be continued) until it is closed or dropped.
+
+Deadlines and progress. ``timeout``/``Timeouts.total`` is one wall-clock deadline for the whole
+call, enforced across reads whatever the node sends: async streams arm one timer per stream
+(the read in progress is interrupted when the deadline passes), both check the clock after
+every read. Progress for ``first_token`` is a chunk carrying content, a tool call, a refusal
+or any other non-empty delta field, a finish_reason or usage; SSE comments (keep-alives),
+role-only and empty deltas are not, so a node that only keeps the connection busy fails over
+when ``first_token`` expires. ``idle`` bounds the silence between two reads: any bytes,
+comments included, count as liveness. Margins: an async stream ends within a few
+milliseconds of its deadline (event-loop latency); a sync stream reads with a socket timeout
+of ``min(idle, time left)`` and checks the clock after each read, so it ends at most one
+node packet gap after the deadline (a node sending a keep-alive every 0.2 s: <= 0.2 s).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import socket
 import sys
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator
-from typing import TYPE_CHECKING, Any, overload
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 
 from .dispatch import Call, ResponseSummary, Step, Wait, adrive, drive
-from .errors import NodeConnectionError, NodeError, ZMLTimeoutError
-from .transport import StreamDecoder, aiter_events, check_status, iter_events, stream_error
-from .types import ChatCompletionChunk, RoutingInfo, Usage, build_chunk
+from .errors import NodeConnectionError, NodeError, NodeProtocolError, NodeTimeoutError
+from .sse import EventSplitter, StreamDecoder
+from .transport import check_status, map_transport_error
+from .types import ChatCompletionChunk, RoutingInfo, Usage
 
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["AsyncStream", "Stream"]
+__all__ = ["DRAIN_S", "AsyncStream", "Stream"]
+
+DRAIN_S = 0.1
+"""After ``[DONE]``, how long an async stream waits for the end of the HTTP response (so its
+connection can be reused) before it closes the connection instead."""
+
+_NEW, _OPEN, _ENDED = 0, 1, 2
 
 
-class _StreamState:
-    """What a sync and an async stream share once dispatched (no I/O here)."""
+class _Expired(Exception):
+    """The stream's timer fired during a read (internal; mapped to a timeout error)."""
 
-    __slots__ = ("call", "closed", "decoder", "events", "first", "last", "response", "step",
-                 "usage")
 
-    def __init__(self, call: Call, step: Step, response: httpx2.Response, events: Any,
-                 decoder: StreamDecoder, first: dict[str, Any] | None) -> None:
+class _Watch:
+    """An async stream's deadline timer: interrupts the read in progress when it fires.
+
+    Held by the stream and by the event loop's timer, never referring back to the stream, so a
+    dropped stream is collected at once. Between reads ``reader`` is None and a firing timer
+    only marks the stream expired (the next read raises).
+    """
+
+    __slots__ = ("expired", "handle", "reader")
+
+    def __init__(self) -> None:
+        self.expired = False
+        self.reader: asyncio.Task[Any] | None = None
+        self.handle: asyncio.TimerHandle | None = None
+
+    def arm(self, delay: float) -> None:
+        self.disarm()
+        self.expired = False
+        self.handle = asyncio.get_running_loop().call_later(max(0.0, delay), self._fire)
+
+    def disarm(self) -> None:
+        handle = self.handle
+        if handle is not None:
+            self.handle = None
+            handle.cancel()
+
+    def _fire(self) -> None:
+        self.handle = None
+        self.expired = True
+        reader = self.reader
+        if reader is not None:
+            reader.cancel()
+
+    def own(self, exc: asyncio.CancelledError) -> bool:
+        """Whether a CancelledError in a read came from this timer (and only from it)."""
+        reader = self.reader
+        if not self.expired or reader is None:
+            return False
+        if sys.version_info >= (3, 11):
+            reader.uncancel()
+            return reader.cancelling() == 0
+        return True
+
+
+class _Attempt:
+    """One attempt's response while it is being opened, then the open stream's read state.
+
+    Holds no reference to the stream object, so that the stream alone decides its lifetime.
+    """
+
+    __slots__ = ("body", "call", "deadline", "decoder", "first_by", "response", "splitter",
+                 "step")
+
+    def __init__(self, call: Call, step: Step) -> None:
         self.call = call
         self.step = step
-        self.response = response
-        self.events = events  # the one SSE event iterator of this response (sync or async)
-        self.decoder = decoder
-        self.first = first
-        self.last: ChatCompletionChunk | None = None
-        self.closed = False
-        self.usage: Usage | None = None
+        self.decoder = StreamDecoder(step.node.id, step.routing)
+        self.splitter = EventSplitter(step.node.id)
+        self.response: httpx2.Response | None = None
+        self.body: Any = None
+        first = call.timeouts.first_token
+        self.first_by = None if first is None else step.sent_at + first
+        self.deadline = call.deadline
 
-    def chunk(self, data: dict[str, Any]) -> ChatCompletionChunk:
-        deadline = self.call.deadline
-        if deadline is not None and self.call.d.clock() > deadline:
-            raise self.call.deadline_error(self.decoder)
-        chunk = build_chunk(data, self.step.routing)
-        if chunk.usage is not None:
-            self.usage = chunk.usage
-        self.last = chunk
-        return chunk
+    def started(self, request: httpx2.Request, response: httpx2.Response) -> None:
+        """Headers in, status fine: check it is an event stream; reads now wait ``idle``.
 
-    def finished(self) -> None:
-        self.decoder.finish()
-        self.closed = True
-        last = self.last
-        summary = ResponseSummary(last.id if last else None, last.model if last else None,
-                                  self.decoder.finish_reason)
-        usage = None if self.usage is None else self.usage.model_dump()
-        self.call.succeeded(self.step, usage, summary)
+        The first-token timeout was the read timeout until now; the transport takes the body's
+        read timeout from the request's ``timeout`` extension when the body is first read.
+        """
+        kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if kind != "text/event-stream":
+            node = self.step.node.id
+            raise NodeProtocolError(
+                f"node {node!r} answered a stream request with content-type {kind or 'none'!r}, "
+                "not text/event-stream",
+                node_id=node,
+            )
+        timeout = request.extensions.get("timeout")
+        if isinstance(timeout, dict):
+            timeout["read"] = self.call.idle_timeout()
+
+    def opening_until(self) -> float | None:
+        """When the wait for the first token ends (first_token or the deadline, the earlier)."""
+        first, deadline = self.first_by, self.deadline
+        if first is None:
+            return deadline
+        return first if deadline is None else min(first, deadline)
+
+    def take(self, data: bytes, out: list[ChatCompletionChunk]) -> None:
+        """Decode one read's bytes, appending its chunks to ``out`` (none after ``[DONE]``)."""
+        decoder = self.decoder
+        for payload in self.splitter.feed(data):
+            chunk = decoder.feed(payload)
+            if chunk is None:
+                return
+            out.append(chunk)
+
+    def opened(self) -> bool:
+        """Whether opening is over: progress (or the whole answer) arrived."""
+        return self.decoder.progressed or self.decoder.done
+
+    def check_opening(self, now: float) -> None:
+        until = self.opening_until()
+        if until is not None and now >= until:
+            raise self.no_token()
+
+    def no_token(self) -> NodeTimeoutError:
+        node = self.step.node.id
+        first = self.first_by
+        what = (f"first_token={self.call.timeouts.first_token}s"
+                if first is not None and (self.deadline is None or first <= self.deadline)
+                else "the request deadline")
+        return NodeTimeoutError(f"node {node!r} sent no token within {what}", node_id=node)
+
+    def ended_early(self) -> None:
+        """The body ended while opening: complete (an empty answer) or a failed attempt."""
+        decoder = self.decoder
+        if decoder.done or decoder.finish_reason is not None:
+            return
+        node = self.step.node.id
+        raise NodeConnectionError(
+            f"node {node!r} closed the stream after {decoder.chunks} events and no token",
+            node_id=node,
+        )
+
+    def error(self, exc: BaseException) -> BaseException:
+        """The error to raise for a failure while opening (retryable where the node's fault)."""
+        if isinstance(exc, _Expired):
+            return self.no_token()
+        if isinstance(exc, httpx2.HTTPError):
+            return map_transport_error(exc, self.step.node.id)
+        return exc
 
 
-class _StreamInfo:
-    _state: _StreamState | None
+def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]
+               ) -> tuple[_Attempt, list[ChatCompletionChunk]]:
+    """Dispatch a stream (failover included) until its first token arrives."""
+
+    def attempt(step: Step) -> tuple[_Attempt, list[ChatCompletionChunk]]:
+        op = _Attempt(call, step)
+        clock = call.d.clock
+        try:
+            request = http.build_request("POST", step.url, content=call.body,
+                                         headers=call.headers, timeout=step.timeout)
+            op.response = response = http.send(request, stream=True)
+            if response.status_code >= 400:
+                response.read()
+                check_status(response.status_code, response.headers, response.content,
+                             step.node.id)
+            op.started(request, response)
+            op.body = body = response.iter_bytes()
+            ready: list[ChatCompletionChunk] = []
+            while not op.opened():
+                data = next(body, None)
+                if data is None:
+                    op.ended_early()
+                    break
+                op.take(data, ready)
+                if not op.opened():
+                    op.check_opening(clock())
+            return op, ready
+        except BaseException as exc:
+            if op.response is not None:
+                op.response.close()
+            err = op.error(exc)
+            if err is exc:
+                raise
+            raise err from exc
+
+    step, opened = drive(call, wait, attempt)
+    call.first_token(step)
+    return opened
+
+
+async def _open_async(call: Call, http: httpx2.AsyncClient,
+                      wait: Callable[[Wait], Awaitable[None]], watch: _Watch
+                      ) -> tuple[_Attempt, list[ChatCompletionChunk]]:
+    """:func:`_open_sync` for the async client; ``watch`` bounds the wait for the first token."""
+
+    async def attempt(step: Step) -> tuple[_Attempt, list[ChatCompletionChunk]]:
+        op = _Attempt(call, step)
+        clock = call.d.clock
+        watch.disarm()
+        watch.expired = False
+        try:
+            request = http.build_request("POST", step.url, content=call.body,
+                                         headers=call.headers, timeout=step.timeout)
+            op.response = response = await http.send(request, stream=True)
+            if response.status_code >= 400:
+                await response.aread()
+                check_status(response.status_code, response.headers, response.content,
+                             step.node.id)
+            op.started(request, response)
+            op.body = body = response.aiter_bytes()
+            until = op.opening_until()
+            if until is not None:
+                watch.arm(until - clock())
+            ready: list[ChatCompletionChunk] = []
+            while not op.opened():
+                data = await _read(body, watch)
+                if data is None:
+                    op.ended_early()
+                    break
+                op.take(data, ready)
+                if not op.opened():
+                    op.check_opening(clock())
+            return op, ready
+        except BaseException as exc:
+            watch.disarm()
+            if op.response is not None:
+                await op.response.aclose()
+            err = op.error(exc)
+            if err is exc:
+                raise
+            raise err from exc
+
+    step, opened = await adrive(call, wait, attempt)
+    call.first_token(step)
+    op = opened[0]
+    if op.deadline is None:
+        watch.disarm()
+    elif op.first_by is not None and op.first_by < op.deadline:
+        watch.arm(op.deadline - call.d.clock())
+    return opened
+
+
+async def _read(body: AsyncIterator[bytes], watch: _Watch) -> bytes | None:
+    """The next read of a response body (None at its end), interruptible by ``watch``."""
+    if watch.expired:
+        raise _Expired
+    watch.reader = asyncio.current_task()
+    try:
+        return await body.__anext__()
+    except StopAsyncIteration:
+        return None
+    except asyncio.CancelledError as exc:
+        if watch.own(exc):
+            raise _Expired from None
+        raise
+    finally:
+        watch.reader = None
+
+
+def _shutdown(response: httpx2.Response) -> None:
+    """Close an async response's connection at once, without awaiting: shut its socket down
+    (the node sees the disconnect now; the transport's own cleanup runs on the loop later)."""
+    stream = response.extensions.get("network_stream")
+    sock = None if stream is None else stream.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
+class _Base:
+    """What both streams share: the read state once open, and the one way a stream ends."""
+
+    __slots__ = ("_call", "_op", "_phase", "_ready")
+
+    _call: Call
+    _op: _Attempt | None
+    _phase: int
+    _ready: list[ChatCompletionChunk]
 
     @property
     def routing(self) -> RoutingInfo | None:
         """Where the stream went (None for an async stream not yet dispatched)."""
-        return None if self._state is None else self._state.step.routing
+        op = self._op
+        return None if op is None else op.step.routing
 
     @property
     def text(self) -> str:
-        """The content received so far."""
-        return "" if self._state is None else self._state.decoder.text
+        """The content of the chunks delivered so far (all of it once the stream ended)."""
+        op = self._op
+        if op is None:
+            return ""
+        text = op.decoder.text
+        if self._ready:  # decoded, not delivered yet: the end of ``text``
+            pending = sum(len(c.delta.content or "") for chunk in self._ready
+                          for c in chunk.choices)
+            text = text[:len(text) - pending]
+        return text
 
     @property
     def finish_reason(self) -> str | None:
         """The finish_reason, once received."""
-        return None if self._state is None else self._state.decoder.finish_reason
+        op = self._op
+        return None if op is None else op.decoder.finish_reason
 
     @property
     def usage(self) -> Usage | None:
         """Token usage, once the final chunk arrived."""
-        return None if self._state is None else self._state.usage
+        op = self._op
+        return None if op is None else op.decoder.usage
+
+    def _adopt(self, opened: tuple[_Attempt, list[ChatCompletionChunk]]) -> None:
+        op, ready = opened
+        self._op = op
+        ready.reverse()
+        self._ready = ready
+        self._phase = _OPEN
+
+    def _take(self, data: bytes) -> ChatCompletionChunk | None:
+        """Decode one read: its first chunk (the others wait in ``_ready``), or None."""
+        op = self._op
+        assert op is not None
+        deadline = op.deadline
+        if deadline is not None and self._call.d.clock() >= deadline:
+            raise _Expired
+        chunks: list[ChatCompletionChunk] = []
+        op.take(data, chunks)
+        if not chunks:
+            return None
+        if len(chunks) > 1:
+            chunks.reverse()
+            self._ready = chunks
+            return chunks.pop()
+        return chunks[0]
+
+    def _end(self, error: BaseException | None = None, *, complete: bool = False) -> bool:
+        """End the call once (False if it had ended): success, an error, or walking away.
+
+        Frees the slot at once; the caller closes the connection (or the finalizer does).
+        """
+        if self._phase == _ENDED:
+            return False
+        self._phase = _ENDED
+        op = self._op
+        if complete and op is not None:
+            decoder = op.decoder
+            last = decoder.last
+            summary = ResponseSummary(last.id if last else None, last.model if last else None,
+                                      decoder.finish_reason)
+            usage = None if decoder.usage is None else decoder.usage.model_dump()
+            self._call.succeeded(op.step, usage, summary)
+        else:
+            self._call.ended(error)
+        return True
+
+    def _failure(self, exc: BaseException) -> BaseException:
+        """End the call for ``exc`` raised while reading an open stream; the error to raise."""
+        op = self._op
+        assert op is not None
+        call = self._call
+        err: BaseException = exc
+        if isinstance(exc, _Expired):
+            err = call.deadline_error(op.decoder)
+        elif isinstance(exc, httpx2.HTTPError):
+            deadline = op.deadline
+            if isinstance(exc, httpx2.TimeoutException) and deadline is not None \
+                    and call.d.clock() >= deadline:
+                err = call.deadline_error(op.decoder)
+            else:
+                why = "idle timeout" if isinstance(exc, httpx2.TimeoutException) \
+                    else type(exc).__name__
+                err = op.decoder.incomplete(why)
+                err.__cause__ = exc
+        if isinstance(err, NodeError):
+            err = call.broke(op.step, err)
+        self._end(err)
+        return err
 
 
-class Stream(_StreamInfo):
+class Stream(_Base):
     """A sync stream of :class:`~zml.types.ChatCompletionChunk` (already dispatched).
 
-    Use as ``for chunk in stream`` or ``with client.infer_stream(...) as stream``.
+    Use as ``for chunk in stream``, ``next(stream)`` or ``with client.infer_stream(...) as
+    stream``. See the module's docs for its lifetime and deadlines.
     """
 
+    __slots__ = ()
+
     def __init__(self, call: Call, http: httpx2.Client, wait: Callable[[Wait], None]) -> None:
-        self._state = None
-        self._state = _open_sync(call, http, wait)
+        self._call = call
+        self._op = None
+        self._phase = _NEW
+        self._ready = []
+        try:
+            opened = _open_sync(call, http, wait)
+        except BaseException:
+            self._phase = _ENDED  # the driver ended the call
+            raise
+        self._adopt(opened)
 
     def __del__(self) -> None:
-        # A stream dropped without being read to the end or closed still frees its slot.
-        state = getattr(self, "_state", None)
-        if state is not None and not state.closed:
-            state.closed = True
-            state.call.ended(None)
-            state.response.close()
+        # Dropped before its end: free the slot, close the connection (a release, no I/O wait).
+        if getattr(self, "_phase", _ENDED) != _ENDED and self._end():
+            op = self._op
+            if op is not None and op.response is not None:
+                op.response.close()
 
-    def __iter__(self) -> Iterator[ChatCompletionChunk]:
-        state = self._state
-        assert state is not None
-        if state.closed:
-            return
-        decoder = state.decoder
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> ChatCompletionChunk:
+        ready = self._ready
+        if ready:
+            return ready.pop()
+        op = self._op
+        if self._phase != _OPEN or op is None:
+            raise StopIteration
         try:
-            if state.first is not None:
-                first, state.first = state.first, None
-                yield state.chunk(first)
-            if not decoder.done:
-                for data in state.events:
-                    chunk = decoder.feed(data)
-                    if chunk is None:
-                        break
-                    yield state.chunk(chunk)
-            state.finished()
-        except httpx2.HTTPError as exc:
-            err = _mid_stream_error(state, exc)
-            if isinstance(err, NodeError):
-                err = state.call.broke(state.step, err)
-            raise err from exc
-        except NodeError as exc:
-            raise state.call.broke(state.step, exc) from None
-        finally:
-            if not state.closed:
-                state.closed = True
-                state.call.ended(sys.exc_info()[1])
-            state.response.close()
+            body = op.body
+            while not op.decoder.done:
+                data = next(body, None)
+                if data is None:
+                    break
+                chunk = self._take(data)
+                if chunk is not None:
+                    return chunk
+            op.decoder.finish()
+            if op.decoder.done:
+                _drain(body)
+        except BaseException as exc:
+            err = self._failure(exc)
+            self._close()
+            if err is exc:
+                raise
+            raise err from exc if isinstance(exc, httpx2.HTTPError) else None
+        self._end(complete=True)
+        self._close()
+        raise StopIteration
+
+    def _close(self) -> None:
+        op = self._op
+        if op is not None:
+            if op.response is not None:
+                op.response.close()
+            op.body = None
 
     def close(self) -> None:
         """Stop the stream: close the connection (the node drops the request) and free the slot."""
-        state = self._state
-        if state is not None and not state.closed:
-            state.closed = True
-            state.call.ended(None)
-            state.response.close()
+        if self._end():
+            self._close()
 
     def __enter__(self) -> Stream:
         return self
@@ -153,12 +507,22 @@ class Stream(_StreamInfo):
         self.close()
 
 
-class AsyncStream(_StreamInfo):
+def _drain(body: Iterator[bytes]) -> None:
+    """Read the end of a response after ``[DONE]`` so its connection can be reused."""
+    with contextlib.suppress(httpx2.HTTPError):
+        for _ in body:
+            break
+
+
+class AsyncStream(_Base):
     """An async stream of :class:`~zml.types.ChatCompletionChunk`, dispatched on first use.
 
-    Use as ``async for chunk in client.infer_stream(...)`` (no ``await`` first) or
-    ``async with client.infer_stream(...) as stream``.
+    Use as ``async for chunk in client.infer_stream(...)`` (no ``await`` first),
+    ``await anext(stream)``, or ``async with client.infer_stream(...) as stream``. See the
+    module's docs for its lifetime and deadlines.
     """
+
+    __slots__ = ("_http", "_on_start", "_wait", "_watch")
 
     def __init__(self, call: Call, http: httpx2.AsyncClient,
                  wait: Callable[[Wait], Any], on_start: Callable[[], None] | None = None) -> None:
@@ -166,220 +530,104 @@ class AsyncStream(_StreamInfo):
         self._http = http
         self._wait = wait
         self._on_start = on_start
-        self._state = None
-        self._started = False
+        self._op = None
+        self._phase = _NEW
+        self._ready = []
+        self._watch = _Watch()
 
     def __del__(self) -> None:
-        # A stream dropped before it was ever iterated still ends its call exactly once.
-        if not self._started:
-            self._started = True
-            self._call.ended(None)
+        # Dropped before its end: free the slot and shut the connection down at once. Never
+        # awaits: the response's async cleanup is left to the event loop (its body generator's
+        # finalizer), after the node has already seen the disconnect.
+        if getattr(self, "_phase", _ENDED) != _ENDED and self._end():
+            self._watch.disarm()
+            op = self._op
+            if op is not None and op.response is not None:
+                _shutdown(op.response)
 
-    async def _ensure_open(self) -> _StreamState | None:
-        if not self._started:
-            self._started = True
-            if self._on_start is not None:
-                self._on_start()
-            self._state = await _open_async(self._call, self._http, self._wait)
-        return self._state
-
-    def __aiter__(self) -> AsyncGenerator[ChatCompletionChunk, None]:
-        return _Chunks(self, self._iterate())
-
-    async def _iterate(self) -> AsyncGenerator[ChatCompletionChunk, None]:
-        state = await self._ensure_open()
-        if state is None or state.closed:
-            return
-        decoder = state.decoder
+    async def _open(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
         try:
-            if state.first is not None:
-                first, state.first = state.first, None
-                yield state.chunk(first)
-            if not decoder.done:
-                async for data in state.events:
-                    chunk = decoder.feed(data)
-                    if chunk is None:
-                        break
-                    yield state.chunk(chunk)
-            state.finished()
-        except httpx2.HTTPError as exc:
-            err = _mid_stream_error(state, exc)
-            if isinstance(err, NodeError):
-                err = state.call.broke(state.step, err)
-            raise err from exc
-        except NodeError as exc:
-            raise state.call.broke(state.step, exc) from None
-        finally:
-            if not state.closed:
-                state.closed = True
-                state.call.ended(sys.exc_info()[1])
-            await state.response.aclose()
+            opened = await _open_async(self._call, self._http, self._wait, self._watch)
+        except BaseException:
+            self._phase = _ENDED  # the driver ended the call
+            raise
+        self._adopt(opened)
+
+    def __aiter__(self) -> AsyncStream:
+        return self
+
+    async def __anext__(self) -> ChatCompletionChunk:
+        ready = self._ready
+        if ready:
+            return ready.pop()
+        if self._phase != _OPEN:
+            if self._phase == _ENDED:
+                raise StopAsyncIteration
+            await self._open()
+            if self._ready:
+                return self._ready.pop()
+        op = self._op
+        assert op is not None
+        watch = self._watch
+        try:
+            body = op.body
+            while not op.decoder.done:
+                if watch.expired:
+                    raise _Expired
+                watch.reader = asyncio.current_task()
+                try:
+                    data = await body.__anext__()
+                except StopAsyncIteration:
+                    break
+                except asyncio.CancelledError as exc:
+                    if watch.own(exc):
+                        raise _Expired from None
+                    raise
+                finally:
+                    watch.reader = None
+                chunk = self._take(data)
+                if chunk is not None:
+                    return chunk
+            op.decoder.finish()
+            if op.decoder.done:
+                await self._drain(body)
+        except BaseException as exc:
+            err = self._failure(exc)
+            await self._close()
+            if err is exc:
+                raise
+            raise err from exc if isinstance(exc, httpx2.HTTPError) else None
+        self._end(complete=True)
+        await self._close()
+        raise StopAsyncIteration
+
+    async def _drain(self, body: AsyncIterator[bytes]) -> None:
+        """Read the end of the response after ``[DONE]`` (at most :data:`DRAIN_S`)."""
+        watch = self._watch
+        watch.arm(DRAIN_S)
+        with contextlib.suppress(_Expired, httpx2.HTTPError):
+            await _read(body, watch)
+
+    async def _close(self) -> None:
+        self._watch.disarm()
+        op = self._op
+        if op is not None:
+            op.body = None
+            if op.response is not None:
+                await op.response.aclose()
 
     async def aclose(self) -> None:
         """Stop the stream: close the connection (the node drops the request), free the slot."""
-        state = self._state
-        if state is None:
-            if not self._started:
-                self._started = True
-                self._call.ended(None)
-            return
-        if not state.closed:
-            state.closed = True
-            state.call.ended(None)
-            await state.response.aclose()
+        if self._end():
+            await self._close()
 
     async def __aenter__(self) -> AsyncStream:
-        await self._ensure_open()
+        if self._phase == _NEW:
+            await self._open()
         return self
 
     async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.aclose()
-
-
-class _Chunks(AsyncGenerator[ChatCompletionChunk, None]):
-    """The iterator of ``async for chunk in stream``: the stream's generator, plus a prompt
-    release of the slot when the loop is left early.
-
-    After ``break`` Python does not close an async generator at once: asyncio schedules its
-    ``aclose()`` for later, and until then the slot would look taken (a request made right
-    after the loop could find the node full). This wrapper, dropped with the loop, frees the
-    slot at once; the generator's scheduled close then closes the connection.
-    """
-
-    __slots__ = ("_gen", "_stream")
-
-    def __init__(self, stream: AsyncStream,
-                 gen: AsyncGenerator[ChatCompletionChunk, None]) -> None:
-        self._stream = stream
-        self._gen = gen
-
-    def __anext__(self) -> Coroutine[Any, Any, ChatCompletionChunk]:
-        return self._gen.__anext__()
-
-    def asend(self, value: None) -> Coroutine[Any, Any, ChatCompletionChunk]:
-        return self._gen.asend(value)
-
-    @overload
-    def athrow(self, typ: type[BaseException], val: BaseException | object = None,
-               tb: TracebackType | None = None, /) -> Coroutine[Any, Any, ChatCompletionChunk]:
-        ...
-
-    @overload
-    def athrow(self, typ: BaseException, val: None = None, tb: TracebackType | None = None, /
-               ) -> Coroutine[Any, Any, ChatCompletionChunk]:
-        ...
-
-    def athrow(self, typ: Any, val: Any = None, tb: Any = None, /
-               ) -> Coroutine[Any, Any, ChatCompletionChunk]:
-        if val is None and tb is None:
-            return self._gen.athrow(typ)
-        return self._gen.athrow(typ, val, tb)
-
-    def aclose(self) -> Coroutine[Any, Any, None]:
-        return self._gen.aclose()
-
-    def __del__(self) -> None:
-        state = self._stream._state
-        if state is not None and not state.closed:
-            state.closed = True
-            state.call.ended(None)
-
-
-_Opened = tuple[httpx2.Response, Any, StreamDecoder, "dict[str, Any] | None"]
-"""An attempt whose answer has begun: the response, its event iterator, decoder, first chunk."""
-
-
-def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]) -> _StreamState:
-    """Dispatch a stream (failover included) until its first chunk arrives."""
-
-    def attempt(step: Step) -> _Opened:
-        decoder = StreamDecoder(step.node.id)
-        response: httpx2.Response | None = None
-        try:
-            request = http.build_request("POST", step.url, content=call.body,
-                                         headers=call.headers, timeout=step.timeout)
-            response = http.send(request, stream=True)
-            if response.status_code >= 400:
-                response.read()
-                check_status(response.status_code, response.headers, response.content,
-                             step.node.id)
-            _answer_started(request, call)
-            events = iter_events(response)
-            return response, events, decoder, decoder.feed(_no_events(next(events, None), step))
-        except BaseException as exc:
-            if response is not None:
-                response.close()
-            if isinstance(exc, httpx2.HTTPError):
-                raise stream_error(exc, decoder) from exc
-            raise
-
-    step, opened = drive(call, wait, attempt)
-    return _started(call, step, opened)
-
-
-async def _open_async(call: Call, http: httpx2.AsyncClient,
-                      wait: Callable[[Wait], Awaitable[None]]) -> _StreamState:
-    """:func:`_open_sync` for the async client."""
-
-    async def attempt(step: Step) -> _Opened:
-        decoder = StreamDecoder(step.node.id)
-        response: httpx2.Response | None = None
-        try:
-            request = http.build_request("POST", step.url, content=call.body,
-                                         headers=call.headers, timeout=step.timeout)
-            response = await http.send(request, stream=True)
-            if response.status_code >= 400:
-                await response.aread()
-                check_status(response.status_code, response.headers, response.content,
-                             step.node.id)
-            _answer_started(request, call)
-            events = aiter_events(response)
-            first = decoder.feed(_no_events(await anext(events, None), step))
-            return response, events, decoder, first
-        except BaseException as exc:
-            if response is not None:
-                await response.aclose()
-            if isinstance(exc, httpx2.HTTPError):
-                raise stream_error(exc, decoder) from exc
-            raise
-
-    step, opened = await adrive(call, wait, attempt)
-    return _started(call, step, opened)
-
-
-def _started(call: Call, step: Step, opened: _Opened) -> _StreamState:
-    response, events, decoder, first = opened
-    call.first_token(step)
-    return _StreamState(call, step, response, events, decoder, first)
-
-
-def _answer_started(request: httpx2.Request, call: Call) -> None:
-    """The node answered (headers in): from here on, reads wait at most the idle timeout.
-
-    The first-token timeout was the read timeout until now; the transport takes the body's
-    read timeout from the request's ``timeout`` extension when the body is first read.
-    """
-    timeout = request.extensions.get("timeout")
-    if isinstance(timeout, dict):
-        timeout["read"] = call.idle_timeout()
-
-
-def _mid_stream_error(state: _StreamState, exc: httpx2.HTTPError) -> NodeError | ZMLTimeoutError:
-    deadline = state.call.deadline
-    if isinstance(exc, httpx2.TimeoutException) and deadline is not None \
-            and state.call.d.clock() >= deadline:
-        return state.call.deadline_error(state.decoder)
-    return stream_error(exc, state.decoder)
-
-
-def _no_events(data: str | None, step: Step) -> str:
-    if data is None:
-        raise NodeConnectionError(
-            f"node {step.node.id!r} closed the stream before sending any event",
-            node_id=step.node.id,
-        )
-    return data
-
-
-

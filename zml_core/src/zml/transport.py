@@ -12,13 +12,12 @@ Closing a streamed response closes its connection: that is the cancellation sign
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx2
 
 from .errors import (
-    IncompleteStreamError,
     NodeConnectionError,
     NodeError,
     NodeProtocolError,
@@ -109,103 +108,6 @@ def decode_completion(content: bytes, node_id: str) -> dict[str, Any]:
     return data
 
 
-class StreamDecoder:
-    """Turns SSE ``data`` payloads into chunk dicts and checks the stream's integrity.
-
-    Pure: feed it each event's data with :meth:`feed`; call :meth:`finish` when the connection
-    ends. A stream is complete only when ``[DONE]`` arrived, or a ``finish_reason`` arrived and
-    the connection then closed normally; anything else raises :class:`IncompleteStreamError`.
-    """
-
-    __slots__ = ("chunks", "done", "finish_reason", "node_id", "parts")
-
-    def __init__(self, node_id: str) -> None:
-        self.node_id = node_id
-        self.chunks = 0
-        self.done = False
-        self.finish_reason: str | None = None
-        self.parts: list[str] = []
-
-    @property
-    def text(self) -> str:
-        """The content received so far."""
-        return "".join(self.parts)
-
-    def feed(self, data: str) -> dict[str, Any] | None:
-        """One event's data: the chunk dict, or None for ``[DONE]`` (after which nothing counts)."""
-        if data == "[DONE]":
-            self.done = True
-            return None
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise NodeProtocolError(
-                f"node {self.node_id!r} sent a malformed stream event after {self.chunks} "
-                f"chunks: {data[:200]!r}",
-                node_id=self.node_id,
-            ) from None
-        if not isinstance(chunk, dict):
-            raise NodeProtocolError(
-                f"node {self.node_id!r} sent a stream event that is not an object: {data[:200]!r}",
-                node_id=self.node_id,
-            )
-        if "error" in chunk and "choices" not in chunk:
-            err = chunk["error"]
-            msg = err.get("message", err) if isinstance(err, dict) else err
-            raise NodeProtocolError(
-                f"node {self.node_id!r} reported an error mid-stream: {msg}", node_id=self.node_id
-            )
-        self.chunks += 1
-        for choice in chunk.get("choices") or ():
-            delta = choice.get("delta")
-            if delta:
-                content = delta.get("content")
-                if content:
-                    self.parts.append(content)
-            reason = choice.get("finish_reason")
-            if reason:
-                self.finish_reason = reason
-        return chunk
-
-    def incomplete(self, why: str) -> IncompleteStreamError:
-        """The error for a stream that broke off, carrying what was received."""
-        return IncompleteStreamError(
-            f"stream from node {self.node_id!r} ended early ({why}) after {self.chunks} chunks "
-            f"and {len(self.text)} characters; the answer is incomplete",
-            text=self.text,
-            chunks=self.chunks,
-            node_id=self.node_id,
-        )
-
-    def finish(self) -> None:
-        """The connection ended: raise if the stream is not complete."""
-        if not self.done and self.finish_reason is None:
-            raise self.incomplete("no [DONE] and no finish_reason")
-
-
-def iter_events(response: httpx2.Response) -> Iterator[str]:
-    """The data of each SSE event of a streamed response (sync)."""
-    for event in httpx2.EventSource(response):
-        yield event.data
-
-
-async def aiter_events(response: httpx2.Response) -> AsyncIterator[str]:
-    """The data of each SSE event of a streamed response (async)."""
-    async for event in httpx2.EventSource(response):
-        yield event.data
-
-
-def stream_error(exc: httpx2.HTTPError, decoder: StreamDecoder) -> NodeError:
-    """Map a transport failure while reading a stream to a typed error.
-
-    Before any chunk it is an ordinary (retryable) node failure; after one, the answer is cut
-    short, and the error carries what was received.
-    """
-    if isinstance(exc, httpx2.SSEError):
-        return NodeProtocolError(f"node {decoder.node_id!r}: {exc}", node_id=decoder.node_id)
-    if decoder.chunks == 0:
-        return map_transport_error(exc, decoder.node_id)
-    why = "idle timeout" if isinstance(exc, httpx2.TimeoutException) else type(exc).__name__
-    err = decoder.incomplete(why)
-    err.__cause__ = exc
-    return err
+# The stream decoding moved to zml.sse (stream_error to zml.streaming); dispatch still
+# imports StreamDecoder from here.
+from .sse import StreamDecoder  # noqa: E402
