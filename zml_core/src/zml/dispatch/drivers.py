@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..transport import StreamDecoder
     from ..types import RoutingInfo
     from .dispatcher import Dispatcher
-    from .request import Request
+    from .request import Request, Timeouts
 
 __all__ = ["Call", "adrive", "drive"]
 
@@ -61,6 +61,11 @@ class Call:
     def stream(self) -> bool:
         """Whether the answer is streamed."""
         return self.request.stream
+
+    @property
+    def timeouts(self) -> Timeouts:
+        """The request's timeouts."""
+        return self.request.timeouts
 
     @property
     def deadline(self) -> float | None:
