@@ -75,17 +75,27 @@ def check_api_key(key: object, *, param: str = "api_key") -> str | None:
         )
     if not key:
         return None
+    tail = key[len(key.rstrip()):]
+    head = key[: len(key) - len(key.lstrip())]
+    if tail and len(tail) < len(key):
+        ch = "\n" if "\n" in tail else tail[-1]
+        raise _key_error(param, f"ends with {_describe(ch)}", ch)
+    if head:
+        raise _key_error(param, f"starts with {_describe(head[0])}", head[0])
     for i, ch in enumerate(key):
-        if "!" <= ch <= "~":
-            continue
-        raise InvalidRequestError(
-            f"{param} {_where(key, i)} {_describe(ch)}: an API key is sent in an HTTP header "
-            "and may hold only visible ASCII characters"
-            + ("; strip the line end (a key read from a file keeps it)" if ch in "\r\n" else "")
-            + ("; strip the surrounding whitespace" if ch in " \t" else ""),
-            param=param,
-        )
+        if not "!" <= ch <= "~":
+            raise _key_error(param, f"{_where(key, i)} {_describe(ch)}", ch, edge=False)
     return key
+
+
+def _key_error(param: str, problem: str, ch: str, *, edge: bool = True) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"{param} {problem}: an API key is sent in an HTTP header and may hold only visible "
+        "ASCII characters"
+        + ("; strip the line end (a key read from a file keeps it)" if ch in "\r\n" else "")
+        + ("; strip the surrounding whitespace" if edge and ch in " \t" else ""),
+        param=param,
+    )
 
 
 def _where(key: str, i: int) -> str:
