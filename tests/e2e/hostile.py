@@ -379,7 +379,7 @@ def write_config(path: Path, node: HostileNode, behaviours: Mapping[str, str],
     families = [f"F_{nid.replace('-', '_')}" for nid in behaviours]
     for fam in families:
         lines.append(f"[accelerators.{fam}]")
-    for (nid, behaviour), fam in zip(behaviours.items(), families):
+    for (nid, behaviour), fam in zip(behaviours.items(), families, strict=True):
         lines += ["[[nodes]]", f'id = "{nid}"', f'family = "{fam}"',
                   f'url = "{node.url(behaviour)}"', f'models = ["{MODEL}"]',
                   "max_concurrency = 4"]

@@ -34,6 +34,7 @@ No message here copies text that can hold a header value or URL credentials.
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -349,8 +350,29 @@ def _error_detail(body: object) -> str:
     if isinstance(body, dict):
         err = body.get("error", body)
         if isinstance(err, dict) and "message" in err:
-            return str(err["message"])
+            return safe_detail(str(err["message"]), 300)
         if isinstance(err, str):
-            return err
+            return safe_detail(err, 300)
     text = str(body) if body is not None else ""
-    return text[:300] or "(no body)"
+    return safe_detail(text, 300) or "(no body)"
+
+
+_SECRETS = (
+    (re.compile(r"(?i)\b(bearer|basic)\s+[^\s'\",;]+"), r"\1 [redacted]"),
+    (re.compile(r"(?i)(authorization|api[-_]?key)(['\"]?\s*[:=]\s*(?:b(?=['\"]))?['\"]?)"
+                r"(?!(?:bearer|basic)\s)[^\s'\",;]+"), r"\1\2[redacted]"),
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@"), r"\1"),
+)
+
+
+def safe_detail(text: str, limit: int = 200) -> str:
+    """``text`` fit for an error message: credentials and header values removed, line ends
+    flattened, at most ``limit`` characters.
+
+    Used for every piece of text zml copies into a message from elsewhere (an exception of the
+    HTTP stack, a node's error body, a redirect's Location).
+    """
+    for pattern, repl in _SECRETS:
+        text = pattern.sub(repl, text)
+    text = text.replace("\n", " ").replace("\r", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from datetime import timezone
@@ -30,6 +29,7 @@ from .errors import (
     NodeError,
     NodeProtocolError,
     NodeTimeoutError,
+    safe_detail,
     status_error,
 )
 from .validation import check_api_key, encode_json
@@ -94,22 +94,6 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
 
 
 # --- failures -------------------------------------------------------------------------------
-
-_SECRETS = (
-    (re.compile(r"(?i)\b(bearer|basic)\s+[^\s'\",;]+"), r"\1 [redacted]"),
-    (re.compile(r"(?i)(authorization|api[-_]?key|x-api-key)(['\"]?\s*[:=]\s*b?['\"]?)[^\s'\",;]+"),
-     r"\1\2[redacted]"),
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@"), r"\1"),
-)
-
-
-def safe_detail(text: str, limit: int = 200) -> str:
-    """``text`` fit for an error message: credentials and header values removed, shortened."""
-    for pattern, repl in _SECRETS:
-        text = pattern.sub(repl, text)
-    text = text.replace("\n", " ").replace("\r", " ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
 
 def map_transport_error(exc: httpx2.HTTPError, node_id: str) -> NodeError:
     """A typed zml error for an httpx2 transport failure on ``node_id``.
