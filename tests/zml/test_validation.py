@@ -122,7 +122,7 @@ def test_check_params_names_nested_parameters() -> None:
     with pytest.raises(zml.InvalidRequestError) as info:
         check_params({"extra_body": {"logit_bias": {"5": math.inf}}})
     assert info.value.param == "extra_body.logit_bias.5"
-    with pytest.raises(zml.InvalidRequestError, match="extra_body must be a dict"):
+    with pytest.raises(zml.InvalidRequestError, match=r"extra_body must be a dict \(of extra request fields\)"):
         check_params({"extra_body": [1]})
     check_params({"temperature": 0.2, "stop": ["\n"], "extra_body": None})
 

@@ -259,6 +259,14 @@ def validate_messages(messages: object) -> list[dict[str, Any]]:
     return out
 
 
+_MAPPING_PARAMS = {
+    "extra_body": "of extra request fields",
+    "stream_options": "e.g. {'include_usage': True}",
+    "logit_bias": "token id -> bias",
+    "metadata": "of labels",
+}
+
+
 def check_params(params: Mapping[str, Any]) -> None:
     """Check every passed-through parameter is JSON (names checked by dispatch).
 
@@ -270,10 +278,10 @@ def check_params(params: Mapping[str, Any]) -> None:
             raise InvalidRequestError(
                 f"parameter names must be strings, got {_short(key)}", param=None
             )
-        if key == "extra_body" and value is not None and not isinstance(value, Mapping):
+        if key in _MAPPING_PARAMS and value is not None and not isinstance(value, Mapping):
             raise InvalidRequestError(
-                f"extra_body must be a dict of extra request fields, got {type(value).__name__}",
-                param="extra_body",
+                f"{key} must be a dict ({_MAPPING_PARAMS[key]}), got {type(value).__name__}",
+                param=key,
             )
         check_json(value, key)
 
