@@ -160,7 +160,8 @@ def messages(roles: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
                      st.one_of(st.lists(message, max_size=3), st.tuples(message), junk))
 
 
-param_names = st.sampled_from([*sorted(OPENAI_PARAMS - {"stream_options"}), "temprature", "stream", "max_token"])
+param_names = st.sampled_from(
+    [*sorted(OPENAI_PARAMS - {"stream_options"}), "temprature", "stream", "max_token"])
 plausible = st.one_of(st.floats(0, 2), st.integers(1, 64), st.text(max_size=4),
                       st.lists(st.text(max_size=3), max_size=2), st.booleans())
 params = st.dictionaries(param_names, st.one_of(plausible, junk), max_size=3)
