@@ -214,7 +214,10 @@ def run_demo(directory: str | None = None, burst: int = 16, time_scale: float = 
                 f"--dir {directory}: cannot write {config} ({exc.strerror or exc}); pass a "
                 "writable folder, or no --dir for a temporary one"
             ) from None
-        console.print(Panel(Syntax(text, "toml", theme="ansi_dark", word_wrap=True), title=Text(str(config)),
+        if directory is not None:
+            console.print(Text(f"wrote {config}"), soft_wrap=True)
+        console.print(Panel(Syntax(text, "toml", theme="ansi_dark", word_wrap=True),
+                            title="zml.toml",
                             subtitle="the fleet and the policy live in configuration"))
         fallback, error = _run(console, config, burst, time_scale)
         where = str(config) if directory is not None else "a temporary folder, now removed " \
