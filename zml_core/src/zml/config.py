@@ -343,6 +343,9 @@ def registry_from_mapping(data: Mapping[str, Any], *, source: str | None = None)
         parsed = ConfigFile.model_validate(data)
     except ValidationError as exc:
         raise config_error_from_validation(exc, data, where, source) from None
+    except PolicyConfigError as exc:  # NodeConfig's URL rules, which must not echo the URL
+        raise PolicyConfigError(f"{where}: {exc}", field=exc.field, value=exc.value,
+                                source=source) from None
     _check_nodes(parsed.nodes, parsed.accelerators, where)
     return Registry(dict(parsed.accelerators), parsed.nodes, dict(parsed.policies), source)
 

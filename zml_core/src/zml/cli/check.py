@@ -100,9 +100,10 @@ def _nodes(entries: object, families: Mapping[str, Any], source: str,
             (node,) = registry_from_mapping({"accelerators": raw_families, "nodes": [entry]},
                                             source=source).nodes
         except PolicyConfigError as exc:
-            text = str(exc)
-            problems.append(text.replace("nodes[0]", f"nodes[{i}]", 1) if text.startswith(source)
-                            else f"{source}: nodes[{i}]: {text}")
+            text = str(exc).removeprefix(f"{source}: ")
+            text = (text.replace("nodes[0]", f"nodes[{i}]", 1) if "nodes[0]" in text
+                    else f"nodes[{i}]: {text}")
+            problems.append(f"{source}: {text}")
             continue
         if node.id in seen:
             problems.append(f"{source}: nodes[{i}].id {node.id!r} is a duplicate of "
