@@ -271,3 +271,47 @@ def test_an_unset_api_key_env_fails_at_construction(hostile: HostileNode,
                                              'max_concurrency = 4\napi_key_env = "N_UNSET_KEY"'))
     with pytest.raises(zml.PolicyConfigError, match="N_UNSET_KEY is not set"):
         zml.Client(api_key=KEY, config=path)
+
+
+# --- no secret in any error, routing context or log ----------------------------------------------
+
+SECRET_KEY = "sk-REDACTION-CANARY-42"
+NON_STREAM_BEHAVIOURS = ["ok", "drip=0", "shape=choices-abc", "shape=list", "deep=5000",
+                         "huge=17", "status=400", "status=401", "status=404", "status=500",
+                         "status=503", "retry-after=inf", "retry-after-ms=nan", "redirect=307",
+                         "stall-body", "reset-after-first-token"]
+
+
+@pytest.mark.parametrize("behaviour", NON_STREAM_BEHAVIOURS)
+def test_no_error_path_shows_the_key_or_url_credentials(
+    hostile: HostileNode, tmp_path: Path, behaviour: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+    import logging
+    import traceback
+
+    caplog.set_level(logging.DEBUG)
+    config = write_config(tmp_path / "zml.toml", hostile, {"n-1": behaviour, "n-2": behaviour})
+    seen: list[str] = []
+    with zml.Client(api_key=SECRET_KEY, config=config) as client:
+        try:
+            response = client.infer(MODEL, MSGS, policy="hostile", timeout=1.5)
+            seen.append(response.model_dump_json())
+        except zml.ZMLError as exc:
+            seen += [str(exc), repr(exc), "".join(traceback.format_exception(exc))]
+            context = getattr(exc, "routing_context", None)
+            if context is not None:
+                seen.append(json.dumps(context, default=str))
+            routing = getattr(exc, "routing", None)
+            if routing is not None:
+                seen.append(routing.model_dump_json())
+        seen.append(json.dumps(client.fleet.status(), default=str))
+        seen.append(repr(client.registry))
+    logs = [r.getMessage() for r in caplog.records]
+    text = "\n".join(seen + logs)
+    assert SECRET_KEY not in text and "CANARY" not in text
+    # what the node itself sent (a Location with credentials) may appear in httpcore2's own
+    # DEBUG trace; nowhere else
+    ours = seen + [r.getMessage() for r in caplog.records
+                   if r.name.startswith("zml") or r.levelno >= logging.INFO]
+    assert not [t for t in ours if "REDIRECT-PW" in t or "alice" in t]
