@@ -200,3 +200,76 @@ def test_good_timeouts_pass() -> None:
     check_timeouts(600.0, 5.0, None, 60.0)
     with pytest.raises(zml.InvalidRequestError, match=r"^timeout\.connect = -1"):
         check_timeouts(600.0, -1, None, 60.0)
+
+
+# --- through the public API: the checks dispatch must call ---------------------------------------
+
+WIRING = "needs core wiring: "
+
+
+@pytest.fixture
+def client(tmp_path: Any) -> Any:
+    import httpx2
+
+    path = tmp_path / "zml.toml"
+    path.write_text('[accelerators.H100]\n[[nodes]]\nid = "n"\nfamily = "H100"\n'
+                    'url = "http://n:1"\nmodels = ["m"]\nmax_concurrency = 2\n')
+    http = httpx2.Client(transport=httpx2.MockTransport(lambda r: httpx2.Response(500)))
+    with zml.Client(config=path, http_client=http) as c:
+        yield c
+
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def test_nan_and_bytes_in_parameters_never_reach_the_wire(client: Any) -> None:
+    with pytest.raises(zml.InvalidRequestError) as info:
+        client.infer("m", MSG, temperature=math.nan)
+    assert info.value.param == "temperature"
+    with pytest.raises(zml.InvalidRequestError) as info:
+        client.infer("m", MSG, extra_body={"tags": {"a", "b"}})
+    assert info.value.param == "tags"
+    with pytest.raises(zml.InvalidRequestError) as info:
+        client.infer("m", [{"role": "user", "content": "x\ud800"}])
+    assert info.value.param == "messages[0].content"
+
+
+@pytest.mark.xfail(strict=True, reason=WIRING + "dispatch.start calls "
+                   "zml.validation.validate_messages instead of its own copy")
+def test_an_unhashable_role_is_an_invalid_request(client: Any) -> None:
+    with pytest.raises(zml.InvalidRequestError, match=r"messages\[0\].role"):
+        client.infer("m", [{"role": ["user"], "content": "hi"}])
+
+
+@pytest.mark.xfail(strict=True, reason=WIRING + "dispatch.start calls check_accelerator first")
+def test_a_list_accelerator_is_an_invalid_request(client: Any) -> None:
+    with pytest.raises(zml.InvalidRequestError, match="accelerator must be the name"):
+        client.infer("m", MSG, accelerator=["H100"])
+
+
+@pytest.mark.xfail(strict=True, reason=WIRING + "resolve_policy calls check_policy_mapping")
+def test_a_policy_dict_with_int_keys_is_a_policy_error(client: Any) -> None:
+    with pytest.raises(zml.PolicyConfigError, match="keys must be Policy field names"):
+        client.infer("m", MSG, policy={1: 2})
+
+
+@pytest.mark.xfail(strict=True, reason=WIRING + "dispatch.start calls check_params "
+                   "(stream_options must be a dict)")
+def test_stream_options_that_are_not_a_dict_are_an_invalid_request(client: Any) -> None:
+    with pytest.raises(zml.InvalidRequestError, match="stream_options must be a dict"):
+        client.infer_stream("m", MSG, stream_options=5)
+
+
+@pytest.mark.xfail(strict=True, reason=WIRING + "Timeouts.__post_init__ calls check_timeouts")
+@pytest.mark.parametrize("fields", [{"connect": -1}, {"idle": 0}, {"total": math.nan},
+                                    {"first_token": math.inf}, {"total": "5"}])
+def test_a_bad_timeouts_field_is_refused_at_construction(fields: dict[str, Any]) -> None:
+    with pytest.raises(zml.InvalidRequestError, match=r"^timeout\."):
+        zml.Timeouts(**fields)
+
+
+@pytest.mark.xfail(strict=True, reason=WIRING + "Timeouts.of calls check_timeout")
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_an_infinite_or_nan_timeout_is_refused(value: float) -> None:
+    with pytest.raises(zml.InvalidRequestError, match="timeout"):
+        zml.Timeouts.of(value)
