@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
         for name in (
             "AuthenticationError",
             "BadRequestError",
+            "ClientConfigError",
             "IncompleteStreamError",
             "InternalServerError",
             "InvalidRequestError",
@@ -78,6 +79,7 @@ __all__ = [
     "ChatCompletion",
     "ChatCompletionChunk",
     "Client",
+    "ClientConfigError",
     "Cost",
     "IncompleteStreamError",
     "InternalServerError",
@@ -132,6 +134,7 @@ if TYPE_CHECKING:
     from .errors import (
         AuthenticationError as AuthenticationError,
         BadRequestError as BadRequestError,
+        ClientConfigError as ClientConfigError,
         IncompleteStreamError as IncompleteStreamError,
         InternalServerError as InternalServerError,
         InvalidRequestError as InvalidRequestError,

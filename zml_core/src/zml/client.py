@@ -38,7 +38,13 @@ from .fleet import Fleet
 from .policy import Policy, PolicyRef, resolve_policy
 from .probe import Prober
 from .streaming import AsyncStream, Stream
-from .transport import check_status, decode_completion, map_transport_error
+from .transport import (
+    aread_body,
+    check_status,
+    decode_completion,
+    map_transport_error,
+    read_body,
+)
 from .types import ChatCompletion, RoutingInfo
 
 if TYPE_CHECKING:
@@ -85,8 +91,10 @@ class _BaseClient:
         max_attempts: int,
         fleet: Fleet | None,
     ) -> None:
+        key_param = "api_key"
         if api_key is None:
             api_key = os.environ.get(ENV_API_KEY)
+            key_param = ENV_API_KEY
         if api_key is not None and not isinstance(api_key, str):
             raise InvalidRequestError(
                 f"api_key must be a string, got {type(api_key).__name__}", param="api_key"
@@ -128,6 +136,7 @@ class _BaseClient:
             registry,
             policies,
             api_key=api_key,
+            api_key_param=key_param,
             timeouts=timeouts,
             max_attempts=max_attempts,
             fleet=fleet,
@@ -398,14 +407,16 @@ class Client(_BaseClient):
         return Stream(call, self._http, self._wait)
 
     def _post(self, call: Call, step: Step) -> dict[str, Any]:
+        node_id = step.node.id
         try:
-            r = self._http.post(step.url, content=call.body, headers=call.headers,
-                                timeout=step.timeout)
+            with self._http.stream("POST", step.url, content=call.body,
+                                   headers=call.headers_for(step), timeout=step.timeout) as r:
+                content = read_body(r, node_id, deadline=call.deadline, clock=call.d.clock)
         except httpx2.HTTPError as exc:
-            raise map_transport_error(exc, step.node.id) from exc
-        check_status(r.status_code, r.headers, r.content, step.node.id)
+            raise map_transport_error(exc, node_id) from exc
+        check_status(r.status_code, r.headers, content, node_id)
         call.first_token(step)
-        return decode_completion(r.content, step.node.id)
+        return decode_completion(content, node_id)
 
     def _wait(self, wait: Wait) -> None:
         delay = max(0.0, wait.until - self._dispatcher.clock())
@@ -510,14 +521,18 @@ class AsyncClient(_BaseClient):
         return AsyncStream(call, self._http, self._wait, self._start_probing)
 
     async def _post(self, call: Call, step: Step) -> dict[str, Any]:
+        node_id = step.node.id
         try:
-            r = await self._http.post(step.url, content=call.body, headers=call.headers,
-                                      timeout=step.timeout)
+            async with self._http.stream("POST", step.url, content=call.body,
+                                         headers=call.headers_for(step),
+                                         timeout=step.timeout) as r:
+                content = await aread_body(r, node_id, deadline=call.deadline,
+                                           clock=call.d.clock)
         except httpx2.HTTPError as exc:
-            raise map_transport_error(exc, step.node.id) from exc
-        check_status(r.status_code, r.headers, r.content, step.node.id)
+            raise map_transport_error(exc, node_id) from exc
+        check_status(r.status_code, r.headers, content, node_id)
         call.first_token(step)
-        return decode_completion(r.content, step.node.id)
+        return decode_completion(content, node_id)
 
     async def _wait(self, wait: Wait) -> None:
         delay = max(0.0, wait.until - self._dispatcher.clock())

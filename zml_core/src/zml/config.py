@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterable, Mapping
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import PolicyConfigError
 
@@ -58,9 +59,12 @@ __all__ = [
     "discover_path",
     "discovered_registry",
     "load_registry",
+    "node_api_key",
+    "redact_url",
     "suggest",
 ]
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NodeKind = Literal["vllm", "sglang", "tgi", "llamacpp", "openai"]
 ENV_CONFIG = "ZML_CONFIG"
 
@@ -100,16 +104,31 @@ class SimConfig(_Strict):
 
 
 class NodeConfig(_Strict):
-    """``[[nodes]]``: one serving node."""
+    """``[[nodes]]``: one serving node.
+
+    A node's ``url`` may not carry credentials (``http://user:pass@host``): zml sends a key
+    only as a Bearer token, from ``api_key_env`` (this node's own) or the client's ``api_key``.
+    """
 
     id: str = Field(min_length=1)
     family: str = Field(min_length=1)
     url: str
     models: tuple[str, ...] = Field(min_length=1)
-    max_concurrency: int = Field(ge=1)
-    max_queue: int = Field(default=0, ge=0)
+    max_concurrency: int = Field(ge=1, strict=True)
+    max_queue: int = Field(default=0, ge=0, strict=True)
     kind: NodeKind = "vllm"
+    api_key_env: str | None = None
+    """The environment variable holding this node's API key (read when a client is built)."""
     sim: SimConfig = SimConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secrets_in_url(cls, data: Any) -> Any:
+        # Raised as PolicyConfigError, not ValueError, so that pydantic does not copy the URL
+        # (and its password) into the error as the bad "input".
+        if isinstance(data, Mapping) and isinstance(data.get("url"), str):
+            url_problem(data["url"], data.get("id"))
+        return data
 
     @field_validator("url")
     @classmethod
@@ -125,12 +144,94 @@ class NodeConfig(_Strict):
             raise ValueError(f"{value!r} has an invalid port") from None
         return value.rstrip("/")
 
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_api_key_env(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_NAME.fullmatch(value):
+            raise ValueError(
+                "must be the name of an environment variable (letters, digits and _, not "
+                "starting with a digit), e.g. \"H100_API_KEY\"; the key itself stays out of "
+                "the file"
+            )
+        return value
+
     @field_validator("models")
     @classmethod
     def _check_models(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if any(not m for m in value):
             raise ValueError("model names must be non-empty strings")
         return value
+
+
+def url_problem(url: str, node_id: object = None) -> None:
+    """Refuse a node URL with credentials or control characters (as a PolicyConfigError).
+
+    The message shows the URL without its userinfo (:func:`redact_url`), never the password.
+    """
+    who = f"node {node_id!r}" if isinstance(node_id, str) else "a node"
+    bad = next((c for c in url if ord(c) < 0x20 or ord(c) == 0x7F or c.isspace()), None)
+    if bad is not None:
+        raise PolicyConfigError(
+            f"{who}: url {redact_url(url)!r} contains a control character or whitespace "
+            f"(U+{ord(bad):04X}); write the URL on one line, without spaces",
+            field="url",
+            value=redact_url(url),
+        )
+    netloc = urlsplit(url).netloc
+    if "@" in netloc:
+        raise PolicyConfigError(
+            f"{who}: url {redact_url(url)!r} (shown without them) contains credentials "
+            "(user:password@); zml never "
+            "sends credentials from a URL: remove them, and put the node's key in an environment "
+            "variable named by api_key_env = \"NAME\" (sent as a Bearer token), or pass "
+            "api_key= / set ZML_API_KEY for every node",
+            field="url",
+            value=redact_url(url),
+        )
+
+
+def redact_url(url: str) -> str:
+    """``url`` without userinfo (``http://user:pass@host`` → ``http://host``), for display.
+
+    Everything that shows a node's URL (fleet status, the CLI, routing metadata, telemetry)
+    shows it through this function.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url.rsplit("@", 1)[-1] if "@" in url.split("/", 1)[0] else url
+    authority, slash, path = rest.partition("/")
+    if "@" in authority:
+        authority = authority.rsplit("@", 1)[1]
+    return f"{scheme}{sep}{authority}{slash}{path}"
+
+
+def node_api_key(
+    node: NodeConfig, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """The API key of ``node`` from its ``api_key_env`` variable (None when it has none).
+
+    Called when a client is built. The key is checked like ``api_key``: visible ASCII only.
+
+    Raises:
+        PolicyConfigError: ``api_key_env`` names a variable that is unset or empty.
+        InvalidRequestError: the key cannot be sent in a header (the message names the
+            variable, never the key).
+    """
+    from .validation import check_api_key
+
+    if node.api_key_env is None:
+        return None
+    env = os.environ if environ is None else environ
+    value = env.get(node.api_key_env)
+    if not value:
+        raise PolicyConfigError(
+            f"node {node.id!r} has api_key_env = {node.api_key_env!r}, but the environment "
+            f"variable {node.api_key_env} is {'empty' if value == '' else 'not set'}; set it to "
+            "the node's API key, or remove api_key_env to use the client's api_key",
+            field="api_key_env",
+            value=node.api_key_env,
+        )
+    return check_api_key(value, param=f"${node.api_key_env} (api_key_env of node {node.id!r})")
 
 
 class ConfigFile(_Strict):
@@ -242,6 +343,9 @@ def registry_from_mapping(data: Mapping[str, Any], *, source: str | None = None)
         parsed = ConfigFile.model_validate(data)
     except ValidationError as exc:
         raise config_error_from_validation(exc, data, where, source) from None
+    except PolicyConfigError as exc:  # NodeConfig's URL rules, which must not echo the URL
+        raise PolicyConfigError(f"{where}: {exc}", field=exc.field, value=exc.value,
+                                source=source) from None
     _check_nodes(parsed.nodes, parsed.accelerators, where)
     return Registry(dict(parsed.accelerators), parsed.nodes, dict(parsed.policies), source)
 

@@ -7,6 +7,7 @@ log line says where the request went::
     ZMLError
     ├── PolicyConfigError        a bad Policy, policy reference or zml.toml (raised at construction)
     ├── InvalidRequestError      a bad infer() argument, found before anything is sent
+    │   └── ClientConfigError        the client cannot send at all (a bad header, key or URL)
     ├── RoutingError             no node could take the request (alias: ZMLRoutingError)
     ├── ZMLTimeoutError          the request's overall deadline expired (also a TimeoutError)
     └── NodeError                a node failed or answered with an error
@@ -23,12 +24,17 @@ log line says where the request went::
             └── InternalServerError      500 and other 5xx
 
 ``retryable`` on a NodeError says whether dispatch may try another node for it (only before
-the first token has reached the caller).
+the first token has reached the caller). ``node_fault`` says whether the failure was the node's
+doing: only then may it touch the node's health and circuit. A :class:`ClientConfigError` is
+never the node's fault and never retried: every node would fail the same way.
+
+No message here copies text that can hold a header value or URL credentials.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AuthenticationError",
     "BadRequestError",
+    "ClientConfigError",
     "IncompleteStreamError",
     "InternalServerError",
     "InvalidRequestError",
@@ -98,6 +105,19 @@ class InvalidRequestError(ZMLError, ValueError):
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+
+class ClientConfigError(InvalidRequestError):
+    """This client cannot send the request at all: the fault is on the calling side.
+
+    For example an HTTP header the HTTP stack refuses (an API key with a line end or a
+    non-ASCII character), or a URL it cannot use. Raised at once, without trying other nodes
+    (every node would fail alike), and it leaves node health and circuits untouched.
+    ``str(error)`` never contains the header's value.
+    """
+
+    retryable = False
+    node_fault = False
 
 
 class RoutingError(ZMLError):
@@ -165,6 +185,7 @@ class NodeError(ZMLError):
 
     retryable: bool = False
     node_fault: bool = True
+    """Whether the node caused it: only such failures lower its health or open its circuit."""
 
     def __init__(
         self,
@@ -331,8 +352,29 @@ def _error_detail(body: object) -> str:
     if isinstance(body, dict):
         err = body.get("error", body)
         if isinstance(err, dict) and "message" in err:
-            return str(err["message"])
+            return safe_detail(str(err["message"]), 300)
         if isinstance(err, str):
-            return err
+            return safe_detail(err, 300)
     text = str(body) if body is not None else ""
-    return text[:300] or "(no body)"
+    return safe_detail(text, 300) or "(no body)"
+
+
+_SECRETS = (
+    (re.compile(r"(?i)\b(bearer|basic)\s+[^\s'\",;]+"), r"\1 [redacted]"),
+    (re.compile(r"(?i)(authorization|api[-_]?key)(['\"]?\s*[:=]\s*(?:b(?=['\"]))?['\"]?)"
+                r"(?!(?:bearer|basic)\s)[^\s'\",;]+"), r"\1\2[redacted]"),
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@"), r"\1"),
+)
+
+
+def safe_detail(text: str, limit: int = 200) -> str:
+    """``text`` fit for an error message: credentials and header values removed, line ends
+    flattened, at most ``limit`` characters.
+
+    Used for every piece of text zml copies into a message from elsewhere (an exception of the
+    HTTP stack, a node's error body, a redirect's Location).
+    """
+    for pattern, repl in _SECRETS:
+        text = pattern.sub(repl, text)
+    text = text.replace("\n", " ").replace("\r", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

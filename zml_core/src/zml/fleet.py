@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .config import NodeConfig, Registry
+from .config import NodeConfig, Registry, redact_url
 from .ledger import SlotLedger
 from .transport import completion_url
 
@@ -89,7 +89,7 @@ class NodeState:
         self.id = config.id
         self.family = config.family
         self.url = config.url
-        self.address = config.url.split("://", 1)[-1]
+        self.address = redact_url(config.url).split("://", 1)[-1]
         """host:port[/path] of the node, as shown in routing metadata and telemetry."""
         self.completion_url = completion_url(config.url)
         self.models = frozenset(config.models)
@@ -251,7 +251,7 @@ class Fleet:
                 {
                     "id": n.id,
                     "family": n.family,
-                    "url": n.url,
+                    "url": redact_url(n.url),
                     "in_flight": n.in_flight,
                     "reported_load": n.reported_load,
                     "load": n.load,

@@ -30,6 +30,7 @@ from pydantic import (
 
 from .config import Registry, first_error, suggest
 from .errors import PolicyConfigError
+from .validation import check_policy_mapping
 
 __all__ = ["CostPriority", "Policy", "PolicyRef", "resolve_policy", "validate_policy_tables"]
 
@@ -237,6 +238,7 @@ def resolve_policy(
             )
         return policy
     if isinstance(ref, Mapping):
+        check_policy_mapping(ref)
         return policy_from_mapping(ref, registry)
     raise PolicyConfigError(
         f"policy must be a zml.Policy, a policy name or a dict, got {type(ref).__name__}",

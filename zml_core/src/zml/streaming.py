@@ -208,7 +208,7 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]
         clock = call.d.clock
         try:
             request = http.build_request("POST", step.url, content=call.body,
-                                         headers=call.headers, timeout=step.timeout)
+                                         headers=call.headers_for(step), timeout=step.timeout)
             op.response = response = http.send(request, stream=True)
             if response.status_code >= 400:
                 response.read()
@@ -251,7 +251,7 @@ async def _open_async(call: Call, http: httpx2.AsyncClient,
         watch.expired = False
         try:
             request = http.build_request("POST", step.url, content=call.body,
-                                         headers=call.headers, timeout=step.timeout)
+                                         headers=call.headers_for(step), timeout=step.timeout)
             op.response = response = await http.send(request, stream=True)
             if response.status_code >= 400:
                 await response.aread()

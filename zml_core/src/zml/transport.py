@@ -12,29 +12,56 @@ Closing a streamed response closes its connection: that is the cancellation sign
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import math
+import time
+from collections.abc import Callable, Mapping
+from datetime import timezone
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx2
 
+from .config import redact_url
 from .errors import (
+    ClientConfigError,
     NodeConnectionError,
     NodeError,
     NodeProtocolError,
     NodeTimeoutError,
+    safe_detail,
     status_error,
 )
+from .validation import check_api_key, encode_json
 
 __all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_ERROR_BODY_BYTES",
+    "MAX_JSON_DEPTH",
+    "RETRY_AFTER_MAX_S",
     "StreamDecoder",
+    "aread_body",
     "auth_headers",
     "check_status",
+    "completion_shape_problem",
     "completion_url",
     "decode_completion",
+    "loads_limited",
     "map_transport_error",
+    "read_body",
+    "retry_after_seconds",
+    "safe_detail",
 ]
 
 _JSON = "application/json"
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+"""The largest non-streamed response body zml reads from a node (16 MiB); more is refused."""
+MAX_ERROR_BODY_BYTES = 64 * 1024
+"""How much of an error response's body is kept (and parsed) for ``NodeStatusError.body``."""
+MAX_JSON_DEPTH = 64
+"""How deeply a node's JSON may nest (a chat completion needs about 6 levels)."""
+RETRY_AFTER_MAX_S = 60.0
+"""The longest Retry-After zml honours; a longer (or infinite) hint counts as this long."""
 
 
 def completion_url(node_url: str) -> str:
@@ -42,70 +69,315 @@ def completion_url(node_url: str) -> str:
     return node_url + "/v1/chat/completions"
 
 
-def auth_headers(api_key: str | None) -> dict[str, str]:
-    """Request headers; the API key travels only here, as a Bearer token."""
+def auth_headers(api_key: str | None, *, param: str = "api_key") -> dict[str, str]:
+    """Request headers; the API key travels only here, as a Bearer token.
+
+    Raises:
+        InvalidRequestError: the key cannot be sent in a header (see
+            :func:`zml.validation.check_api_key`; ``param`` names where the key came from).
+    """
     headers = {"content-type": _JSON, "accept": _JSON}
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
+    key = check_api_key(api_key, param=param)
+    if key:
+        headers["authorization"] = f"Bearer {key}"
     return headers
 
 
 def encode_body(body: Mapping[str, Any]) -> bytes:
-    """The request body, serialised once per logical request (reused by every attempt)."""
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    """The request body, serialised once per logical request (reused by every attempt).
 
+    Raises:
+        InvalidRequestError: a part of the body is not JSON (NaN, bytes, a lone surrogate...).
+    """
+    return encode_json(body)
+
+
+# --- failures -------------------------------------------------------------------------------
 
 def map_transport_error(exc: httpx2.HTTPError, node_id: str) -> NodeError:
-    """A typed zml error for an httpx2 transport failure on ``node_id``."""
+    """A typed zml error for an httpx2 transport failure on ``node_id``.
+
+    Only failures of the node or the network map to a NodeError. A request the HTTP stack
+    refuses to send (a malformed header: ``LocalProtocolError``, an unsupported URL scheme) is
+    this client's fault: :class:`ClientConfigError` is *raised* here, so that no node is
+    charged for it and no other node is tried. No message copies the exception's text when it
+    may quote a header.
+
+    Raises:
+        ClientConfigError: the failure is on the client side.
+    """
+    name = type(exc).__name__
+    if isinstance(exc, httpx2.LocalProtocolError | httpx2.UnsupportedProtocol):
+        raise ClientConfigError(
+            f"zml could not send the request to node {node_id!r}: the HTTP stack refused it "
+            f"on this side ({name}); check the API key and any extra headers (values are not "
+            "shown)",
+            param="api_key" if isinstance(exc, httpx2.LocalProtocolError) else "url",
+        ) from None
     if isinstance(exc, httpx2.TimeoutException):
-        return NodeTimeoutError(f"node {node_id!r} timed out: {type(exc).__name__}", node_id=node_id)
+        return NodeTimeoutError(f"node {node_id!r} timed out: {name}", node_id=node_id)
+    detail = safe_detail(str(exc))
     if isinstance(exc, httpx2.TransportError):
         return NodeConnectionError(
-            f"connection to node {node_id!r} failed: {type(exc).__name__}: {exc}", node_id=node_id
+            f"connection to node {node_id!r} failed: {name}" + (f": {detail}" if detail else ""),
+            node_id=node_id,
         )
-    return NodeProtocolError(f"node {node_id!r}: {type(exc).__name__}: {exc}", node_id=node_id)
+    return NodeProtocolError(
+        f"node {node_id!r}: {name}" + (f": {detail}" if detail else ""), node_id=node_id
+    )
 
 
 def check_status(status: int, headers: httpx2.Headers, content: bytes, node_id: str) -> None:
-    """Raise the typed error for an HTTP error status (``content`` is the read body)."""
+    """Raise the typed error for an HTTP error status or a redirect (``content``: the body).
+
+    A redirect is a :class:`NodeProtocolError` saying so: zml does not follow redirects (a
+    POST must not be silently re-sent elsewhere, with or without its key).
+    """
+    if 300 <= status < 400:
+        location = headers.get("location")
+        where = f" to {safe_detail(redact_url(location))}" if location else ""
+        raise NodeProtocolError(
+            f"node {node_id!r} answered with a redirect (HTTP {status}{where}); zml does not "
+            "follow redirects: set the node's url to the address that serves "
+            "/v1/chat/completions",
+            node_id=node_id,
+        )
     if status < 400:
         return
+    kept = content[:MAX_ERROR_BODY_BYTES]
     body: object
     try:
-        body = json.loads(content) if content else None
-    except ValueError:
-        body = content.decode(errors="replace")
+        body = _loads_bounded(kept) if kept else None
+    except (ValueError, RecursionError):
+        body = kept.decode(errors="replace")
     raise status_error(status, body, retry_after=_retry_after(headers), node_id=node_id)
 
 
-def _retry_after(headers: httpx2.Headers) -> float | None:
-    """Seconds to wait before retrying: ``retry-after-ms`` (as OpenAI and vLLM-style servers
-    send it) takes precedence over ``Retry-After`` in seconds; an HTTP date is no hint."""
+def retry_after_seconds(headers: httpx2.Headers, *, now: float | None = None) -> float | None:
+    """Seconds to wait before retrying, from ``retry-after-ms`` or ``Retry-After``.
+
+    ``retry-after-ms`` (as OpenAI and vLLM-style servers send it) takes precedence over
+    ``Retry-After``, which may be seconds or an HTTP date (``now``: the wall clock, default
+    ``time.time()``). Read defensively: a negative value or a date in the past is 0; NaN or an
+    unreadable value is no hint (None); anything longer than :data:`RETRY_AFTER_MAX_S`,
+    infinity included, is that maximum. Dispatch also caps it at the request's deadline.
+    """
     for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
         value = headers.get(name)
         if value is None:
             continue
-        try:
-            return max(0.0, float(value) * scale)
-        except ValueError:
-            continue
+        seconds = _delay(value, scale, now)
+        if seconds is not None:
+            return min(seconds, RETRY_AFTER_MAX_S)
     return None
 
 
-def decode_completion(content: bytes, node_id: str) -> dict[str, Any]:
-    """A non-streamed response body, checked to be a chat completion object."""
+def _delay(value: str, scale: float, now: float | None) -> float | None:
+    text = value.strip()
     try:
-        data = json.loads(content)
+        number = float(text)
     except ValueError:
+        number = None
+    if number is not None and "_" not in text:
+        if math.isnan(number):
+            return None
+        return max(0.0, number * scale) if math.isfinite(number) else (
+            RETRY_AFTER_MAX_S if number > 0 else 0.0)
+    if scale != 1.0:
+        return None  # retry-after-ms is a number only
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    try:
+        delta = when.timestamp() - (time.time() if now is None else now)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return max(0.0, delta)
+
+
+def _retry_after(headers: httpx2.Headers) -> float | None:
+    """:func:`retry_after_seconds` at the current time (the name check_status uses)."""
+    return retry_after_seconds(headers)
+
+
+# --- bodies ---------------------------------------------------------------------------------
+
+
+def _too_large(node_id: str, size: int | str) -> NodeProtocolError:
+    return NodeProtocolError(
+        f"node {node_id!r} sent a response body of {size} bytes, more than zml reads "
+        f"({MAX_BODY_BYTES:,} bytes, zml.transport.MAX_BODY_BYTES)",
+        node_id=node_id,
+    )
+
+
+def _declared_length(response: httpx2.Response, node_id: str) -> None:
+    declared = response.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large(node_id, int(declared))
+
+
+class _Body:
+    """The parts of a body being read, within the size limit and the call's deadline."""
+
+    __slots__ = ("clock", "deadline", "limit", "node_id", "parts", "size")
+
+    def __init__(self, node_id: str, limit: int, deadline: float | None,
+                 clock: Callable[[], float]) -> None:
+        self.node_id = node_id
+        self.limit = limit
+        self.deadline = deadline
+        self.clock = clock
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def add(self, part: bytes) -> None:
+        self.size += len(part)
+        if self.size > self.limit:
+            raise _too_large(self.node_id, f"more than {self.limit:,}")
+        self.parts.append(part)
+        if self.deadline is not None and self.clock() >= self.deadline:
+            raise NodeTimeoutError(
+                f"node {self.node_id!r} was still sending its answer at the request's deadline",
+                node_id=self.node_id,
+            )
+
+
+def read_body(response: httpx2.Response, node_id: str, limit: int = MAX_BODY_BYTES, *,
+              deadline: float | None = None,
+              clock: Callable[[], float] = time.monotonic) -> bytes:
+    """Read a streamed (``stream=True``) response's body, refusing more than ``limit`` bytes
+    and stopping at ``deadline`` (on ``clock``), however the node paces its bytes.
+
+    Raises:
+        NodeProtocolError: the body is (or is declared) larger than the limit.
+        NodeTimeoutError: the deadline passed while the body was still arriving.
+        httpx2.HTTPError: a transport failure while reading (map it as usual).
+    """
+    _declared_length(response, node_id)
+    body = _Body(node_id, limit, deadline, clock)
+    for part in response.iter_bytes():
+        body.add(part)
+    return b"".join(body.parts)
+
+
+async def aread_body(response: httpx2.Response, node_id: str, limit: int = MAX_BODY_BYTES, *,
+                     deadline: float | None = None,
+                     clock: Callable[[], float] = time.monotonic) -> bytes:
+    """The async :func:`read_body`."""
+    _declared_length(response, node_id)
+    body = _Body(node_id, limit, deadline, clock)
+    async for part in response.aiter_bytes():
+        body.add(part)
+    return b"".join(body.parts)
+
+
+def _depth_exceeds(data: object, limit: int) -> bool:
+    stack: list[tuple[object, int]] = [(data, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            if level > limit:
+                return True
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            if level > limit:
+                return True
+            stack.extend((v, level + 1) for v in item)
+    return False
+
+
+def _loads_bounded(data: bytes | str) -> Any:
+    """json.loads, raising ValueError for nesting deeper than MAX_JSON_DEPTH."""
+    value = json.loads(data)
+    if isinstance(value, dict | list) and _depth_exceeds(value, MAX_JSON_DEPTH):
+        raise RecursionError
+    return value
+
+
+def loads_limited(data: bytes | str, node_id: str, *, what: str = "a body") -> Any:
+    """Parse a node's JSON, within :data:`MAX_JSON_DEPTH`; failures name the node.
+
+    Raises:
+        NodeProtocolError: not JSON (or not UTF-8), or nested too deeply.
+    """
+    try:
+        return _loads_bounded(data)
+    except RecursionError:
         raise NodeProtocolError(
-            f"node {node_id!r} returned a body that is not JSON: {content[:200]!r}", node_id=node_id
+            f"node {node_id!r} sent {what} whose JSON nests more than {MAX_JSON_DEPTH} levels "
+            "deep (zml.transport.MAX_JSON_DEPTH)",
+            node_id=node_id,
         ) from None
-    if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+    except ValueError:
+        shown = data[:200] if isinstance(data, bytes) else data[:200].encode(errors="replace")
         raise NodeProtocolError(
-            f"node {node_id!r} returned JSON that is not a chat completion: {str(data)[:200]}",
+            f"node {node_id!r} sent {what} that is not JSON: {safe_detail(repr(shown))}",
+            node_id=node_id,
+        ) from None
+
+
+def decode_completion(content: bytes, node_id: str) -> dict[str, Any]:
+    """A non-streamed response body, checked to be a chat completion object.
+
+    Raises:
+        NodeProtocolError: too large, empty, not JSON, too deep, or not shaped like a chat
+            completion; the message names the node and what was wrong.
+    """
+    if len(content) > MAX_BODY_BYTES:
+        raise _too_large(node_id, len(content))
+    if not content.strip():
+        raise NodeProtocolError(
+            f"node {node_id!r} answered with an empty body, not a chat completion",
             node_id=node_id,
         )
-    return data
+    data = loads_limited(content, node_id)
+    problem = completion_shape_problem(data)
+    if problem is not None:
+        raise NodeProtocolError(
+            f"node {node_id!r} returned a malformed chat completion: {problem}",
+            node_id=node_id,
+        )
+    return data  # type: ignore[no-any-return]
+
+
+_OPTIONAL_STR = (str, type(None))
+
+
+def _kind(value: object) -> str:
+    return "null" if value is None else {dict: "an object", list: "an array", str: "a string",
+                                         bool: "a boolean"}.get(type(value), "a number")
+
+
+def completion_shape_problem(data: object) -> str | None:
+    """What is wrong with ``data`` as a chat completion object, or None if nothing is."""
+    if not isinstance(data, dict):
+        return f"the body is {_kind(data)}, not an object"
+    choices = data.get("choices")
+    if not isinstance(choices, list):
+        return f"'choices' is {_kind(choices)}, not an array"
+    for i, choice in enumerate(choices):
+        where = f"choices[{i}]"
+        if not isinstance(choice, dict):
+            return f"{where} is {_kind(choice)}, not an object"
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            return f"{where}.message is {_kind(message)}, not an object"
+        content = message.get("content")
+        if not isinstance(content, _OPTIONAL_STR):
+            return f"{where}.message.content is {_kind(content)}, not a string or null"
+        tool_calls = message.get("tool_calls")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            return f"{where}.message.tool_calls is {_kind(tool_calls)}, not an array"
+        if not isinstance(choice.get("finish_reason"), _OPTIONAL_STR):
+            return f"{where}.finish_reason is {_kind(choice.get('finish_reason'))}, not a string"
+    usage = data.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        return f"'usage' is {_kind(usage)}, not an object"
+    return None
 
 
 # The stream decoding moved to zml.sse (stream_error to zml.streaming); dispatch still

@@ -16,6 +16,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from zml.cli.values import positive_float, positive_int
 from zml.errors import ZMLError
 
 __all__ = ["build_parser", "main"]
@@ -30,16 +31,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run traffic through a simulated fleet and show routing")
     demo.add_argument("--dir", help="where to write the demo's zml.toml (default: a temp dir)")
-    demo.add_argument("--requests", type=int, default=16,
+    demo.add_argument("--requests", type=positive_int, default=16,
                       help="requests in the concurrent burst (default 16)")
-    demo.add_argument("--time-scale", type=float, default=1.0,
+    demo.add_argument("--time-scale", type=positive_float, default=1.0,
                       help="multiply every simulated delay (default 1.0)")
 
     sim = sub.add_parser("sim", help="the simulated fleet")
     sim_sub = sim.add_subparsers(dest="sim_command", required=True, metavar="SUBCOMMAND")
     serve = sim_sub.add_parser("serve", help="serve the config's loopback nodes until Ctrl-C")
     serve.add_argument("config", help="a zml.toml whose loopback [[nodes]] to serve")
-    serve.add_argument("--time-scale", type=float, default=1.0)
+    serve.add_argument("--time-scale", type=positive_float, default=1.0)
 
     route = sub.add_parser("route", help="dry run: which node would take a request now")
     route.add_argument("--policy", help="a policy name from the config (default: no policy)")
@@ -81,9 +82,8 @@ def _plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``zml`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
-    from rich.console import Console
+    from zml.cli.output import CommandError, print_error, stderr_console
 
-    console = Console(stderr=True)
     try:
         handler = getattr(args, "handler", None)
         if handler is not None:
@@ -104,7 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "fleet":
             return commands.fleet_status(args.config)
     except ZMLError as exc:
-        console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        print_error(stderr_console(), type(exc).__name__, str(exc))
+        return 2
+    except CommandError as exc:
+        print_error(stderr_console(), "", str(exc))
         return 2
     except KeyboardInterrupt:
         return 130

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import socket
 
 import httpx2
-from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from zml import routing
+from zml.cli.output import CommandError, print_error, stderr_console, stdout_console, table
 from zml.client import Client
-from zml.config import discover_path, load_registry
+from zml.config import discover_path, load_registry, redact_url, suggest
 from zml.errors import PolicyConfigError
 from zml.probe import Prober
 
 __all__ = ["fleet_status", "policy_check", "route", "sim_serve"]
-
-console = Console()
 
 
 def _client(config: str | None) -> Client:
@@ -30,11 +30,30 @@ def _client(config: str | None) -> Client:
     return Client(config=config)
 
 
+def _check_port(node_id: str, host: str, port: int, config: str) -> None:
+    """Fail with a message naming the node when its port cannot be listened on."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1)
+    except OSError as exc:
+        why = ("the port is already in use (another `zml sim serve`, or another server?)"
+               if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc))
+        raise CommandError(
+            f"node {node_id!r} cannot listen on {host}:{port}: {why}; stop what uses it, or "
+            f"change the node's url in {config}"
+        ) from None
+    finally:
+        sock.close()
+
+
 def sim_serve(config: str, *, time_scale: float = 1.0) -> int:
     """Serve every loopback node of ``config`` as a simulated node, until interrupted."""
     from zml.sim import SimFleet
     from zml.sim.from_config import specs_from_registry
 
+    console = stdout_console()
     registry = load_registry(config)
     specs, ports = specs_from_registry(registry)
     if not specs:
@@ -42,12 +61,19 @@ def sim_serve(config: str, *, time_scale: float = 1.0) -> int:
             f"{config} has no [[nodes]] on loopback (127.0.0.1/localhost) to simulate",
             field="nodes", source=config,
         )
-    fleet = SimFleet(specs, ports=ports, time_scale=time_scale)
-    table = Table("node", "family", "url", "models", "slots", title="simulated fleet")
+    for node_id, port in ports.items():
+        if port:
+            _check_port(node_id, "127.0.0.1", port, config)
+    try:
+        fleet = SimFleet(specs, ports=ports, time_scale=time_scale)
+    except OSError as exc:
+        raise CommandError(f"cannot listen on the nodes' ports: {exc.strerror or exc}") from None
+    t = table("node", "family", "url", "models", "slots", title="simulated fleet",
+              whole=("node", "url"))
     for spec in specs:
-        table.add_row(spec.id, spec.family, fleet.url(spec.id), ", ".join(spec.models),
-                      str(spec.max_concurrency))
-    console.print(table)
+        t.add_row(spec.id, spec.family, fleet.url(spec.id), ", ".join(spec.models),
+                  str(spec.max_concurrency))
+    console.print(t)
     console.print("serving; press Ctrl-C to stop")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(fleet.serve())
@@ -57,62 +83,93 @@ def sim_serve(config: str, *, time_scale: float = 1.0) -> int:
 def route(config: str | None, policy: str | None, model: str, accelerator: str | None,
           *, explain: bool, probe: bool) -> int:
     """Print the decision routing would make now (nothing is sent, nothing reserved)."""
+    console = stdout_console()
     with _client(config) as client:
+        families = client.registry.families
+        if accelerator is not None and accelerator not in families:
+            hint = suggest(accelerator, families)
+            raise CommandError(
+                f"--accelerator {accelerator}: unknown accelerator family (registered: "
+                + (", ".join(families) or "none") + ")"
+                + (f"; did you mean {hint}?" if hint else "")
+            )
         resolved = client.policy(policy) if policy else None
         if probe:
             with httpx2.Client() as http:
                 Prober(client.fleet).probe_all(http)
         decision = client.explain(model, policy=resolved, accelerator=accelerator)
         if isinstance(decision, routing.Decision):
-            console.print(
-                f"[green]would route to[/] [bold]{decision.node.id}[/] "
-                f"({decision.family}), predicted TTFT {decision.predicted_ttft_ms:.0f} ms"
-            )
-            trace = [e.as_dict() for e in decision.evaluated]
+            line = Text("would route to ", style="green")
+            line.append(decision.node.id, style="bold")
+            line.append(f" ({decision.family}), predicted TTFT "
+                        f"{decision.predicted_ttft_ms:.0f} ms")
+            console.print(line, soft_wrap=True)
             status = 0
         else:
-            console.print(f"[red]no route:[/] {decision.final_error} — {decision.recommendation}")
-            trace = [e.as_dict() for e in decision.evaluated]
+            line = Text("no route: ", style="red")
+            line.append(f"{decision.final_error} — {decision.recommendation}")
+            console.print(line, soft_wrap=True)
             status = 1
         if explain:
-            table = Table("family", "nodes checked", "result", title="evaluation (chain order)")
-            for entry in trace:
+            t = table("family", "nodes checked", "result", title="evaluation (chain order)",
+                      whole=("family",))
+            for entry in (e.as_dict() for e in decision.evaluated):
                 reason = entry["rejected_reason"]
-                table.add_row(str(entry["family"]), str(entry["nodes_checked"]),
-                              "[green]chosen[/]" if reason is None else str(reason))
-            console.print(table)
+                t.add_row(str(entry["family"]), str(entry["nodes_checked"]),
+                          Text("chosen", style="green") if reason is None else str(reason))
+            console.print(t)
         return status
 
 
 def policy_check(config: str | None) -> int:
-    """Validate the configuration and its policies; list them."""
-    with _client(config) as client:
-        table = Table("policy", "chain", "latency target", "cost priority", "queue",
-                      title=f"policies in {client.registry.source}")
+    """Validate the configuration and its policies: list every problem, or the policies."""
+    from zml.cli.check import config_problems
+
+    path = discover_path(config)
+    if path is None:
+        _client(config)  # raises the "no zml.toml found" error
+        return 2  # pragma: no cover
+    problems = config_problems(path)
+    if problems:
+        err = stderr_console()
+        for problem in problems:
+            print_error(err, "PolicyConfigError", problem)
+        err.print(Text(f"{len(problems)} problem{'s' if len(problems) > 1 else ''} in {path}"),
+                  soft_wrap=True)
+        return 2
+    console = stdout_console()
+    with _client(str(path)) as client:
+        t = table("policy", "chain", "latency target", "cost priority", "queue",
+                  title=f"policies in {client.registry.source}", whole=("policy",))
         for name, p in client.policies.items():
-            table.add_row(name, " → ".join(p.accelerator_chain),
-                          "-" if p.latency_target_ms is None else f"{p.latency_target_ms:g} ms",
-                          p.cost_priority, "yes" if p.queue_on_saturation else "no")
-        console.print(table)
-        console.print(f"[green]ok[/]: {len(client.registry.families)} families, "
-                      f"{len(client.registry.nodes)} nodes, {len(client.policies)} policies")
+            t.add_row(name, " → ".join(p.accelerator_chain),
+                      "-" if p.latency_target_ms is None else f"{p.latency_target_ms:g} ms",
+                      p.cost_priority, "yes" if p.queue_on_saturation else "no")
+        console.print(t)
+        ok = Text("ok", style="green")
+        ok.append(f": {len(client.registry.families)} families, {len(client.registry.nodes)} "
+                  f"nodes, {len(client.policies)} policies")
+        console.print(ok, soft_wrap=True)
     return 0
 
 
 def fleet_status(config: str | None) -> int:
     """Probe every node and show health, load and circuit state."""
+    console = stdout_console()
     with _client(config) as client, httpx2.Client() as http:
         results = {r.node_id: r for r in Prober(client.fleet).probe_all(http)}
-        table = Table("node", "family", "url", "health", "running", "waiting", "slots",
-                      title="fleet status")
+        t = table("node", "family", "url", "health", "running", "waiting", "slots",
+                  title="fleet status", whole=("node", "url"))
         for node in client.fleet:
             r = results[node.id]
-            table.add_row(
-                node.id, node.family, node.url,
-                "[green]up[/]" if r.healthy else f"[red]down[/] {r.error or ''}",
+            health = Text("up", style="green") if r.healthy else Text("down", style="red")
+            if not r.healthy and r.error:
+                health.append(f" {r.error}")
+            t.add_row(
+                node.id, node.family, redact_url(node.url), health,
                 "-" if r.running is None else str(r.running),
                 "-" if r.waiting is None else str(r.waiting),
                 str(node.max_concurrency),
             )
-        console.print(table)
+        console.print(t)
         return 0 if all(r.healthy for r in results.values()) else 1

@@ -11,16 +11,19 @@ sends traffic in three phases:
    ``RoutingError`` whose ``routing_context`` is printed, then the held streams are cancelled
    and the nodes report the aborted requests.
 
-Then a table of where every request went and why.
+Then a table of where every request went and why. Without ``--dir`` the ``zml.toml`` lives in a
+temporary folder that is removed at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,9 @@ from rich.panel import Panel
 from rich.progress import Progress
 from rich.syntax import Syntax
 from rich.table import Table
+from rich.text import Text
 
+from zml.cli.output import CommandError, stdout_console, table
 from zml.client import AsyncClient, Client
 from zml.config import load_registry
 from zml.errors import RoutingError
@@ -119,8 +124,10 @@ async def _burst(config: Path, n: int, records: list[tuple[str, RoutingInfo]],
             records.append(("2 burst (async)", info))
 
 
-async def _saturate(config: Path, records: list[tuple[str, RoutingInfo]],
-                    console: Console) -> RoutingError | None:
+async def _saturate(config: Path, records: list[tuple[str, RoutingInfo]]
+                    ) -> tuple[RoutingError | None, int]:
+    """Hold every slot with a stream, send one more request; return its error and how many
+    streams were held (and then cancelled)."""
     slots = sum(s for _, _, s in NODES)
     async with AsyncClient(config=config) as client:
         streams = []
@@ -138,18 +145,17 @@ async def _saturate(config: Path, records: list[tuple[str, RoutingInfo]],
             try:
                 await client.infer(DEMO_MODEL, _messages(999), policy=POLICY, max_tokens=8)
             except RoutingError as exc:
-                return exc
-            return None
+                return exc, len(streams)
+            return None, len(streams)
         finally:
             for stream, iterator in streams:
                 await iterator.aclose()  # closes the connection: the node aborts the request
                 await stream.aclose()
-            console.print(f"cancelled {len(streams)} held streams; the nodes drop them")
 
 
 def _summary(records: list[tuple[str, RoutingInfo]]) -> Table:
-    table = Table("phase", "family", "requests", "nodes", "why the earlier families were passed",
-                  title="where the requests went")
+    t = table("phase", "family", "requests", "nodes", "why the earlier families were passed",
+              title="where the requests went", whole=("family",))
     groups: dict[tuple[str, str], list[RoutingInfo]] = {}
     for phase, info in records:
         groups.setdefault((phase, info.accelerator), []).append(info)
@@ -164,8 +170,8 @@ def _summary(records: list[tuple[str, RoutingInfo]]) -> Table:
         why = ", ".join(f"{r} ×{c}" for r, c in reasons.items()) or "first choice"
         nodes = ", ".join(sorted({i.node_id for i in infos}))
         style = "yellow" if reasons else "green"
-        table.add_row(phase, f"[{style}]{family}[/]", str(len(infos)), nodes, why)
-    return table
+        t.add_row(phase, Text(family, style=style), str(len(infos)), nodes, why)
+    return t
 
 
 def _wait_idle(fleet: Any, timeout_s: float = 5.0) -> None:
@@ -177,19 +183,57 @@ def _wait_idle(fleet: Any, timeout_s: float = 5.0) -> None:
         time.sleep(0.02)
 
 
+@contextlib.contextmanager
+def _folder(directory: str | None) -> Iterator[Path]:
+    """The folder for the demo's zml.toml: ``directory``, or a temporary one removed after."""
+    if directory is None:
+        with tempfile.TemporaryDirectory(prefix="zml-demo-") as tmp:
+            yield Path(tmp)
+        return
+    folder = Path(directory)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CommandError(
+            f"--dir {directory}: cannot create the folder ({exc.strerror or exc}); pass a "
+            "writable folder, or no --dir for a temporary one"
+        ) from None
+    yield folder
+
+
 def run_demo(directory: str | None = None, burst: int = 16, time_scale: float = 1.0) -> int:
     """Run the demo; returns the exit status (0 when it showed a fallback and a routing error)."""
+    console = stdout_console()
+    with _folder(directory) as folder:
+        config = folder / "zml.toml"
+        text = demo_config()
+        try:
+            config.write_text(text)
+        except OSError as exc:
+            raise CommandError(
+                f"--dir {directory}: cannot write {config} ({exc.strerror or exc}); pass a "
+                "writable folder, or no --dir for a temporary one"
+            ) from None
+        if directory is not None:
+            console.print(Text(f"wrote {config}"), soft_wrap=True)
+        console.print(Panel(Syntax(text, "toml", theme="ansi_dark", word_wrap=True),
+                            title="zml.toml",
+                            subtitle="the fleet and the policy live in configuration"))
+        fallback, error = _run(console, config, burst, time_scale)
+        where = str(config) if directory is not None else "a temporary folder, now removed " \
+            "(pass --dir to keep it)"
+    console.print(
+        f"fallback H100 → MI300X shown: {'yes' if fallback else 'no'}; "
+        f"routing error shown: {'yes' if error is not None else 'no'}; config: {where}",
+        soft_wrap=True,
+    )
+    return 0 if fallback and error is not None else 1
+
+
+def _run(console: Console, config: Path, burst: int,
+         time_scale: float) -> tuple[bool, RoutingError | None]:
     from zml.sim import SimFleet
     from zml.sim.from_config import specs_from_registry
-
-    console = Console()
-    folder = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="zml-demo-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    config = folder / "zml.toml"
-    text = demo_config()
-    config.write_text(text)
-    console.print(Panel(Syntax(text, "toml", theme="ansi_dark"), title=str(config),
-                        subtitle="the fleet and the policy live in configuration"))
 
     registry = load_registry(config)
     specs, ports = specs_from_registry(registry)
@@ -200,30 +244,31 @@ def run_demo(directory: str | None = None, burst: int = 16, time_scale: float = 
             for i in range(4):
                 r = client.infer(DEMO_MODEL, _messages(i), policy=POLICY, max_tokens=16)
                 records.append(("1 quiet (sync)", r.routing))
-                console.print(f"  request {i} → [bold]{r.routing.node_id}[/] "
-                              f"({r.routing.accelerator}): {r.choices[0].message.content!r}")
+                line = Text(f"  request {i} → ")
+                line.append(r.routing.node_id, style="bold")
+                line.append(f" ({r.routing.accelerator}): {r.choices[0].message.content!r}")
+                console.print(line)
 
         console.rule(f"2. a burst of {burst} concurrent requests: zml.AsyncClient")
         with Progress(console=console, transient=False) as progress:
             asyncio.run(_burst(config, burst, records, progress))
 
         console.rule("3. saturation: every slot of every family held by a stream")
-        error = asyncio.run(_saturate(config, records, console))
+        error, held = asyncio.run(_saturate(config, records))
         if error is not None:
-            console.print("[bold]one more request →[/] zml.RoutingError; its routing_context:")
+            console.print(Text("one more request →", style="bold")
+                          + Text(" zml.RoutingError; its routing_context:"))
             console.print_json(data=error.routing_context)
+        console.print(f"cancelled {held} held streams; the nodes drop them")
 
         console.print(_summary(records))
         _wait_idle(fleet)
-        stats = Table("node", "family", "requests", "aborted by client", title="node counters")
+        stats = table("node", "family", "requests", "aborted by client", title="node counters",
+                      whole=("node",))
         for node_id, node in fleet.nodes.items():
             s = node.stats
             stats.add_row(node_id, node.spec.family, str(s.requests_total), str(s.aborted_total))
         console.print(stats)
 
     fallback = any(i.accelerator != "H100" and p.startswith("2") for p, i in records)
-    console.print(
-        f"fallback H100 → MI300X shown: {'yes' if fallback else 'no'}; "
-        f"routing error shown: {'yes' if error is not None else 'no'}; config: {config}"
-    )
-    return 0 if fallback and error is not None else 1
+    return fallback, error

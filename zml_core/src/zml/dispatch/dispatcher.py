@@ -14,11 +14,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import routing
-from ..config import Registry, suggest
+from ..config import Registry, node_api_key, suggest
 from ..errors import InvalidRequestError
 from ..fleet import Fleet
 from ..policy import Policy
 from ..transport import auth_headers
+from ..validation import check_accelerator
 from .drivers import Call
 from .effects import Effects
 from .flow import MAX_ATTEMPTS, FlowSettings
@@ -39,6 +40,7 @@ class Dispatcher:
         policies: Mapping[str, Policy],
         *,
         api_key: str | None,
+        api_key_param: str = "api_key",
         timeouts: Timeouts,
         max_attempts: int = MAX_ATTEMPTS,
         fleet: Fleet | None = None,
@@ -53,7 +55,13 @@ class Dispatcher:
         self.max_attempts = max_attempts
         self.clock = clock
         self.effects = Effects(self.fleet, clock=clock, rng=rng, plugins=plugins)
-        self.headers = auth_headers(api_key)
+        self.headers = auth_headers(api_key, param=api_key_param)
+        self.node_headers: dict[str, dict[str, str]] = {}
+        """Headers for nodes with their own key (``api_key_env``), by node id."""
+        for node in registry.nodes:
+            if node.api_key_env:
+                key = node_api_key(node)
+                self.node_headers[node.id] = auth_headers(key, param=f"${node.api_key_env}")
         self.fleet.add_capacity_listener(self.effects.queues.wake_heads)
 
     @property
@@ -79,8 +87,8 @@ class Dispatcher:
         timeouts: Timeouts,
     ) -> Call:
         """Validate one request and return its :class:`Call` (nothing is sent yet)."""
-        body, prompt_chars = build_body(model, messages, params, stream=stream)
         self.check_accelerator(accelerator)
+        body, prompt_chars = build_body(model, messages, params, stream=stream)
         request = Request(
             model=model,
             policy=policy,
@@ -98,10 +106,10 @@ class Dispatcher:
 
     def check_accelerator(self, accelerator: object) -> None:
         """Raise InvalidRequestError unless ``accelerator`` is None or a registered family."""
-        if accelerator is None:
+        if check_accelerator(accelerator) is None:
             return
         families = self.registry.families
-        if not isinstance(accelerator, str) or accelerator not in families:
+        if accelerator not in families:
             hint = suggest(str(accelerator), families)
             raise InvalidRequestError(
                 f"accelerator={accelerator!r} is not a registered family (registered: "

@@ -24,7 +24,7 @@ from .record import Record, ResponseSummary, Step
 from .view import CallView
 
 if TYPE_CHECKING:
-    from ..transport import StreamDecoder
+    from ..sse import StreamDecoder
     from ..types import RoutingInfo
     from .dispatcher import Dispatcher
     from .request import Request, Timeouts
@@ -54,8 +54,12 @@ class Call:
 
     @property
     def headers(self) -> dict[str, str]:
-        """Headers sent with every attempt (authorization)."""
+        """Headers sent with every attempt (authorization) to nodes without a key of their own."""
         return self.d.headers
+
+    def headers_for(self, step: Step) -> dict[str, str]:
+        """The headers for ``step``'s node: its own key (``api_key_env``) or the client's."""
+        return self.d.node_headers.get(step.node.id, self.d.headers)
 
     @property
     def stream(self) -> bool:

@@ -41,6 +41,7 @@ import httpx2
 
 from .. import routing
 from ..errors import NodeError, RateLimitError, RoutingError, ZMLError, ZMLTimeoutError
+from ..transport import RETRY_AFTER_MAX_S
 from ..types import Attempt, Cost, RoutingInfo
 from .ops import (
     Behind,
@@ -73,9 +74,6 @@ __all__ = [
 ]
 
 MAX_ATTEMPTS = 3
-RETRY_AFTER_MAX_S = 300.0
-"""The longest a ``Retry-After`` (or ``retry-after-ms``) hint is honoured for, with or without a
-deadline; a node asking for longer is skipped for this long."""
 FINAL_ERRORS = ("no_viable_node", "queue_timeout", "queue_full", "attempts_exhausted")
 _DEADLINE_SLACK_S = 0.005  # an attempt timed out at the deadline (timers fire a hair early)
 

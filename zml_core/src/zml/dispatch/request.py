@@ -8,7 +8,6 @@ a Request validates every argument, so nothing invalid is ever sent.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -18,10 +17,9 @@ from ..config import suggest
 from ..errors import InvalidRequestError
 from ..policy import Policy
 from ..transport import encode_body
+from ..validation import ROLES, check_params, check_timeout, check_timeouts, validate_messages
 
 __all__ = ["OPENAI_PARAMS", "ROLES", "Request", "Timeouts", "build_body", "validate_messages"]
-
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 OPENAI_PARAMS = frozenset(
     {
@@ -32,21 +30,6 @@ OPENAI_PARAMS = frozenset(
     }
 )
 """Parameters passed through to the node; anything else is a typo and is refused."""
-
-
-def _check_seconds(name: str, value: object, *, optional: bool) -> None:
-    if value is None and optional:
-        return
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        allowed = "a positive, finite number of seconds" + (" or None" if optional else "")
-        raise InvalidRequestError(
-            f"Timeouts.{name} must be {allowed}, got {value!r}", param=f"timeout.{name}"
-        )
 
 
 @dataclass(frozen=True)
@@ -70,30 +53,14 @@ class Timeouts:
     idle: float | None = 60.0
 
     def __post_init__(self) -> None:
-        _check_seconds("total", self.total, optional=True)
-        _check_seconds("connect", self.connect, optional=False)
-        _check_seconds("first_token", self.first_token, optional=True)
-        _check_seconds("idle", self.idle, optional=True)
+        check_timeouts(self.total, self.connect, self.first_token, self.idle)
 
     @classmethod
     def of(cls, value: float | Timeouts | None) -> Timeouts:
         """Accept a number (the overall deadline), a Timeouts, or None (no overall deadline)."""
         if isinstance(value, Timeouts):
             return value
-        if value is None:
-            return cls(total=None)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value <= 0
-        ):
-            raise InvalidRequestError(
-                "timeout must be a positive, finite number of seconds, a zml.Timeouts, or None "
-                f"(no deadline); got {value!r}",
-                param="timeout",
-            )
-        return cls(total=float(value))
+        return cls(total=check_timeout(value, "timeout"))
 
 
 @dataclass(frozen=True)
@@ -139,49 +106,6 @@ class Request:
         return self.policy.health_threshold if self.policy is not None else 0.5
 
 
-def validate_messages(messages: object) -> list[dict[str, Any]]:
-    """Check ``messages`` is a non-empty list of role/content mappings; return it as dicts."""
-    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
-        raise InvalidRequestError(
-            "messages must be a list of {'role': ..., 'content': ...} mappings, got "
-            f"{type(messages).__name__}; e.g. messages=[{{'role': 'user', 'content': 'Hello'}}]",
-            param="messages",
-        )
-    if not messages:
-        raise InvalidRequestError("messages must not be empty", param="messages")
-    out: list[dict[str, Any]] = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, Mapping):
-            raise InvalidRequestError(
-                f"messages[{i}] must be a mapping with 'role' and 'content', got "
-                f"{type(msg).__name__}",
-                param=f"messages[{i}]",
-            )
-        role = msg.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise InvalidRequestError(
-                f"messages[{i}].role = {role!r} is not a chat role; use one of "
-                + ", ".join(sorted(ROLES)),
-                param=f"messages[{i}].role",
-            )
-        content = msg.get("content")
-        if content is None:
-            if not (role == "assistant" and msg.get("tool_calls")):
-                raise InvalidRequestError(
-                    f"messages[{i}] ({role}) has no 'content'; only an assistant message "
-                    "with tool_calls may omit it",
-                    param=f"messages[{i}].content",
-                )
-        elif not isinstance(content, str | list):
-            raise InvalidRequestError(
-                f"messages[{i}].content must be a string or a list of content parts, got "
-                f"{type(content).__name__}",
-                param=f"messages[{i}].content",
-            )
-        out.append(dict(msg))
-    return out
-
-
 def _text_size(messages: Sequence[Mapping[str, Any]]) -> int:
     size = 0
     for msg in messages:
@@ -197,7 +121,7 @@ def _text_size(messages: Sequence[Mapping[str, Any]]) -> int:
 
 def _check_params(params: Mapping[str, Any]) -> None:
     for key in params:
-        if key not in OPENAI_PARAMS:
+        if not isinstance(key, str) or key not in OPENAI_PARAMS:
             hint = suggest(str(key), OPENAI_PARAMS)
             raise InvalidRequestError(
                 f"unknown parameter {key!r}"
@@ -218,6 +142,7 @@ def build_body(
         )
     msgs = validate_messages(messages)
     _check_params(params)
+    check_params(params)
     body: dict[str, Any] = {"model": model, "messages": msgs}
     extra = params.get("extra_body")
     for key, value in params.items():
