@@ -108,7 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "fleet":
             return commands.fleet_status(args.config)
     except ZMLError as exc:
-        console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        from rich.markup import escape
+
+        console.print(f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))}",
+                      highlight=False)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -49,7 +49,14 @@ def add_replay_parser(sim_sub: Any) -> None:
 def run_replay(args: argparse.Namespace) -> int:
     """The command's body; returns the exit status (ZMLErrors are printed by ``zml.cli``)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from zml.config import discover_path, load_registry, suggest
     from zml.policy import validate_policy_tables
@@ -125,14 +132,19 @@ def run_replay(args: argparse.Namespace) -> int:
                   TimeElapsedColumn(), console=console, transient=True) as progress:
         for name, kind, router, slo in rows:
             task = progress.add_task(f"{kind} {name}", total=len(arrivals))
+
+            def advance(n: int, task: TaskID = task) -> None:
+                progress.update(task, completed=n)
+
             runs.append(replay(
                 arrivals, ReplayFleet(registry), router, name=name, kind=kind,
-                default_model=model, rate_scale=args.rate_scale, slo_ms=slo,
-                progress=lambda n, task=task: progress.update(task, completed=n)))
+                default_model=model, rate_scale=args.rate_scale, slo_ms=slo, progress=advance))
     wall = time.perf_counter() - started
     results = [summarize(run) for run in runs]
     virtual = max(run.virtual_s for run in runs)
     out = Console()
+    if not out.is_terminal:  # a file or a pipe: do not squeeze the table into 80 columns
+        out = Console(width=max(out.width, 200))
     out.print(rich_table(results, title=f"{args.trace}: {len(arrivals):,} requests x "
                          f"{args.rate_scale:g} rate, {virtual:,.0f} s virtual in {wall:.1f} s"))
     if args.json:

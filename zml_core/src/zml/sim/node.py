@@ -22,7 +22,6 @@ sees `http.disconnect` it cancels the request's task wherever it is (queued or g
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import math

@@ -163,7 +163,8 @@ class Router(Protocol):
 
 class StrategyRouter:
     """A baseline strategy of ``zml.strategies`` as a replay router (candidates: every node
-    serving the model, except those already tried for this request)."""
+    serving the model, except those already tried for this request; ``attempts_exhausted``
+    once every one was tried)."""
 
     def __init__(self, name: str, seed: int = 0) -> None:
         if name not in STRATEGIES:
@@ -176,10 +177,12 @@ class StrategyRouter:
     def __call__(self, arrival: Arrival, model: str, now: float, fleet: ReplayFleet,
                  exclude: frozenset[str]) -> str | Reject:
         candidates: Sequence[ReplayNode] = fleet.serving(model)
-        if exclude:
-            candidates = [n for n in candidates if n.id not in exclude]
         if not candidates:
             return Reject("no_viable_node")
+        if exclude:
+            candidates = [n for n in candidates if n.id not in exclude]
+            if not candidates:  # every node was tried and answered 503
+                return Reject("attempts_exhausted")
         return candidates[self._choose(candidates, self._state, self._rng)].id
 
 

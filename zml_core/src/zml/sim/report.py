@@ -29,6 +29,7 @@ The JSON document (``replay_document``)::
 from __future__ import annotations
 
 import html
+import importlib
 import json
 from collections import Counter
 from collections.abc import Sequence
@@ -151,7 +152,7 @@ def _shares(run: ReplayRun, buckets: int = 60) -> tuple[list[float], dict[str, l
         if o.family is not None:
             counts.setdefault(o.family, [0] * buckets)[b] += 1
     xs = [(b + 0.5) * width for b in range(buckets)]
-    return xs, {f: [c / t if t else 0.0 for c, t in zip(v, totals)] for f, v in sorted(counts.items())}
+    return xs, {f: [c / t if t else 0.0 for c, t in zip(v, totals, strict=True)] for f, v in sorted(counts.items())}
 
 
 def plot(runs: Sequence[ReplayRun], path: str) -> None:
@@ -162,10 +163,9 @@ def plot(runs: Sequence[ReplayRun], path: str) -> None:
         target.write_text(_html(runs), encoding="utf-8")
         return
     try:
-        import matplotlib
-
+        matplotlib = importlib.import_module("matplotlib")
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt: Any = importlib.import_module("matplotlib.pyplot")
     except ImportError:
         raise PlotUnavailable(
             f"--plot {path}: PNG plots need matplotlib; install it with "
@@ -201,7 +201,7 @@ def _svg_lines(series: list[tuple[str, list[float], list[float]]], w: int, h: in
                log_x: bool, xlabel: str) -> str:
     import math
 
-    pts = [(x, y) for _, xs, ys in series for x, y in zip(xs, ys)]
+    pts = [(x, y) for _, xs, ys in series for x, y in zip(xs, ys, strict=True)]
     if not pts:
         return "<p>no data</p>"
     fx = (lambda v: math.log10(max(v, 1e-3))) if log_x else (lambda v: v)
@@ -213,7 +213,7 @@ def _svg_lines(series: list[tuple[str, list[float], list[float]]], w: int, h: in
     for k, (label, xs, ys) in enumerate(series):
         step = max(1, len(xs) // 800)
         coords = " ".join(f"{(fx(x) - x0) / span * w:.1f},{h - y * h:.1f}"
-                          for x, y in list(zip(xs, ys))[::step])
+                          for x, y in list(zip(xs, ys, strict=True))[::step])
         color = _COLORS[k % len(_COLORS)]
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/>')
         parts.append(f'<text x="{8 + 150 * k}" y="{h + 20}" fill="{color}">{html.escape(label)}</text>')

@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from zml.sim.profiles import DEFAULT_PROFILE as _DEFAULT
-from zml.sim.profiles import PROFILES, FamilyProfile, profile_for
+from zml.sim.profiles import DEFAULT_PROFILE as _DEFAULT, PROFILES, FamilyProfile, profile_for
 
 __all__ = ["DEFAULT_PROFILE", "FAMILY_PROFILES", "NODE_KINDS", "FaultSpec", "SimNodeSpec", "family_profile"]
 

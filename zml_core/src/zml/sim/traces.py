@@ -136,8 +136,7 @@ def read_trace(
 
 def _checked(path: str, rows: Iterator[tuple[int, Arrival]], limit: int | None) -> Iterator[Arrival]:
     last = 0.0
-    count = 0
-    for line, arrival in rows:
+    for count, (line, arrival) in enumerate(rows):
         if limit is not None and count >= limit:
             return
         if arrival.arrival_s < last:
@@ -145,7 +144,6 @@ def _checked(path: str, rows: Iterator[tuple[int, Arrival]], limit: int | None) 
                         f"before the previous row's {last:.3f} s; rows must be in arrival order")
         last = arrival.arrival_s
         yield replace(arrival, index=count)
-        count += 1
 
 
 def _int(path: str, line: int, field: str, value: Any, minimum: int) -> int:
@@ -232,8 +230,10 @@ def _jsonl(path: str, fmt: str) -> Iterator[tuple[int, Arrival]]:
                 continue
             try:
                 row = json.loads(raw)
-            except ValueError as exc:
+            except json.JSONDecodeError as exc:
                 raise _fail(path, line, None, f"not valid JSON ({exc.msg})") from None
+            except ValueError as exc:
+                raise _fail(path, line, None, f"not valid JSON ({exc})") from None
             if not isinstance(row, dict):
                 raise _fail(path, line, None, "expected a JSON object")
             yield line, (_mooncake_row(path, line, row) if fmt == "mooncake"
