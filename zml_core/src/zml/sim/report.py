@@ -141,7 +141,10 @@ def _cdf(run: ReplayRun) -> tuple[list[float], list[float]]:
     return ttft, [(i + 1) / n for i in range(len(ttft))]
 
 
-def _shares(run: ReplayRun, buckets: int = 60) -> tuple[list[float], dict[str, list[float]]]:
+def _shares(run: ReplayRun) -> tuple[list[float], dict[str, list[float]]]:
+    """Per-family share of the requests placed, in up to 60 time buckets of >= 50 requests
+    on average; a bucket with no arrival repeats the previous bucket's shares."""
+    buckets = max(1, min(60, len(run.outcomes) // 50))
     span = max((o.start_s for o in run.outcomes), default=0.0) or 1.0
     width = span / buckets
     counts: dict[str, list[int]] = {}
@@ -152,7 +155,13 @@ def _shares(run: ReplayRun, buckets: int = 60) -> tuple[list[float], dict[str, l
         if o.family is not None:
             counts.setdefault(o.family, [0] * buckets)[b] += 1
     xs = [(b + 0.5) * width for b in range(buckets)]
-    return xs, {f: [c / t if t else 0.0 for c, t in zip(v, totals, strict=True)] for f, v in sorted(counts.items())}
+    shares: dict[str, list[float]] = {}
+    for family, values in sorted(counts.items()):
+        row: list[float] = []
+        for c, t in zip(values, totals, strict=True):
+            row.append(c / t if t else (row[-1] if row else 0.0))
+        shares[family] = row
+    return xs, shares
 
 
 def plot(runs: Sequence[ReplayRun], path: str) -> None:
@@ -180,11 +189,14 @@ def plot(runs: Sequence[ReplayRun], path: str) -> None:
     ax.set_ylabel("share of all requests")
     ax.set_title("TTFT CDF (errors never reach 1.0)")
     ax.legend()
+    families = sorted({o.family for run in runs for o in run.outcomes if o.family is not None})
+    color = {f: _COLORS[i % len(_COLORS)] for i, f in enumerate(families)}
     for k, run in enumerate(runs, 1):
         ax = axes[k][0]
         xs, shares = _shares(run)
         if shares:
-            ax.stackplot(xs, *shares.values(), labels=list(shares))
+            ax.stackplot(xs, *shares.values(), labels=list(shares),
+                         colors=[color[f] for f in shares])
             ax.legend(loc="upper right")
         ax.set_title(f"{run.name}: share of requests per family over time")
         ax.set_xlabel("virtual time (s)")
