@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ def test_azure_csv():
     assert second.arrival_s == pytest.approx(50.9951690 - 46.6805900)
     assert (second.prompt_tokens, second.output_tokens, second.blocks) == (396, 109, ())
     assert [r.index for r in rows[:3]] == [0, 1, 2]
-    assert all(a.arrival_s <= b.arrival_s for a, b in zip(rows, rows[1:]))
+    assert all(a.arrival_s <= b.arrival_s for a, b in itertools.pairwise(rows))
 
 
 def test_mooncake_jsonl_keeps_the_block_hashes():
