@@ -77,7 +77,7 @@ class SimProfileConfig(_Strict):
     same fields for one node and wins over the family's.
     """
 
-    ttft_ms: float | None = Field(default=None, ge=0)
+    ttft_ms: float | None = Field(default=None, gt=0)
     tokens_per_s: float | None = Field(default=None, gt=0)
     prefill_tokens_per_s: float | None = Field(default=None, gt=0)
     batch_slowdown: float | None = Field(default=None, ge=0)
