@@ -56,6 +56,7 @@ __all__ = [
     "NodeConfig",
     "Registry",
     "SimConfig",
+    "SimProfileConfig",
     "discover_path",
     "discovered_registry",
     "load_registry",
@@ -73,6 +74,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
+class SimProfileConfig(_Strict):
+    """``[accelerators.NAME.sim]``: the family's simulated performance (zml.sim.profiles).
+
+    Every field left unset keeps the built-in profile of the family; ``[nodes.sim]`` takes the
+    same fields for one node and wins over the family's.
+    """
+
+    ttft_ms: float | None = Field(default=None, gt=0)
+    tokens_per_s: float | None = Field(default=None, gt=0)
+    prefill_tokens_per_s: float | None = Field(default=None, gt=0)
+    batch_slowdown: float | None = Field(default=None, ge=0)
+    context_ms_per_1k_tokens: float | None = Field(default=None, ge=0)
+    kv_cache_tokens: int | None = Field(default=None, ge=1)
+
+
 class AcceleratorConfig(_Strict):
     """``[accelerators.NAME]``: one accelerator family."""
 
@@ -80,6 +96,8 @@ class AcceleratorConfig(_Strict):
     """USD per node-hour; used by the default cost model and by ``cost_priority="balanced"``."""
     cost_per_1k_tokens: float | None = Field(default=None, ge=0)
     """USD per 1,000 tokens (prompt + completion); when set, the cost model uses it instead."""
+    sim: SimProfileConfig = SimProfileConfig()
+    """The family's simulated performance (used by simulated nodes and replay only)."""
 
 
 class FaultConfig(_Strict):
@@ -94,11 +112,10 @@ class FaultConfig(_Strict):
     seed: int = 0
 
 
-class SimConfig(_Strict):
-    """``[nodes.sim]``: the latency profile of a simulated node (defaults per family)."""
+class SimConfig(SimProfileConfig):
+    """``[nodes.sim]``: the performance profile of a simulated node (defaults per family), the
+    fields of ``[accelerators.NAME.sim]`` plus the node's queue and faults."""
 
-    ttft_ms: float | None = Field(default=None, gt=0)
-    tokens_per_s: float | None = Field(default=None, gt=0)
     queue_size: int = Field(default=64, ge=0)
     faults: FaultConfig = FaultConfig()
 

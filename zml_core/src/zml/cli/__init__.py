@@ -2,6 +2,7 @@
 
 ``zml demo``                     the main job: a simulated fleet, a burst of traffic, where it went
 ``zml sim serve CONFIG``         serve a config's loopback nodes as simulated vLLM nodes
+``zml sim replay TRACE``         replay a request trace in virtual time, compare routings
 ``zml route --policy P --model M [--explain]``   which node would take a request now, and why
 ``zml policy check``             validate the config and list its policies
 ``zml fleet status``             probe every node (/health, /metrics) and show live state
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sim_sub.add_parser("serve", help="serve the config's loopback nodes until Ctrl-C")
     serve.add_argument("config", help="a zml.toml whose loopback [[nodes]] to serve")
     serve.add_argument("--time-scale", type=positive_float, default=1.0)
+    from zml.cli.replay import add_replay_parser
+
+    add_replay_parser(sim_sub)
 
     route = sub.add_parser("route", help="dry run: which node would take a request now")
     route.add_argument("--policy", help="a policy name from the config (default: no policy)")

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from zml.config import NodeConfig, Registry
+from zml.config import AcceleratorConfig, NodeConfig, Registry
+from zml.sim.profiles import FamilyProfile, profile_for
 from zml.sim.spec import FaultSpec, SimNodeSpec
 
-__all__ = ["LOOPBACK_HOSTS", "is_loopback", "spec_from_node", "specs_from_registry"]
+__all__ = ["LOOPBACK_HOSTS", "is_loopback", "node_profile", "spec_from_node", "specs_from_registry"]
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
@@ -22,8 +23,20 @@ def is_loopback(url: str) -> bool:
     return host in LOOPBACK_HOSTS or host.startswith("127.")
 
 
-def spec_from_node(node: NodeConfig, api_key: str | None = None) -> SimNodeSpec:
-    """The simulated twin of one configured node (its ``[nodes.sim]`` table gives the profile)."""
+def node_profile(node: NodeConfig, family: AcceleratorConfig | None = None) -> FamilyProfile:
+    """A configured node's performance profile: the family's built-in profile, then its
+    ``[accelerators.NAME.sim]`` table, then the node's ``[nodes.sim]`` table."""
+    profile = profile_for(node.family)
+    if family is not None:
+        profile = profile.with_overrides(family.sim)
+    return profile.with_overrides(node.sim)
+
+
+def spec_from_node(
+    node: NodeConfig, api_key: str | None = None, family: AcceleratorConfig | None = None
+) -> SimNodeSpec:
+    """The simulated twin of one configured node (``[nodes.sim]`` over ``[accelerators.X.sim]``
+    over the family's built-in profile)."""
     sim = node.sim
     f = sim.faults
     return SimNodeSpec(
@@ -32,8 +45,7 @@ def spec_from_node(node: NodeConfig, api_key: str | None = None) -> SimNodeSpec:
         models=tuple(node.models),
         max_concurrency=node.max_concurrency,
         queue_size=sim.queue_size,
-        ttft_ms=sim.ttft_ms,
-        tokens_per_s=sim.tokens_per_s,
+        profile_overrides=node_profile(node, family),
         faults=FaultSpec(
             error_rate=f.error_rate,
             error_status=f.error_status,
@@ -57,7 +69,7 @@ def specs_from_registry(
     for node in registry.nodes:
         if not is_loopback(node.url):
             continue
-        specs.append(spec_from_node(node, api_key))
+        specs.append(spec_from_node(node, api_key, registry.families.get(node.family)))
         port = urlsplit(node.url).port
         if port is not None:
             ports[node.id] = port

@@ -7,6 +7,14 @@ full), really hold it while generating, and really let go of it the moment the c
 its connection. Raw ASGI (no framework) keeps the per-request cost low, since the node also
 serves the benchmarks.
 
+Timing comes from the node performance model (`zml.sim.model.NodeModel`, the same model trace
+replay uses), run on the event loop's clock: a timer fires at the model's next event (a request
+reaching a slot, a first token, a finish), so the time to first token is the queue wait plus
+the prefill of the prompt's uncached tokens, and tokens are paced by the decode step of the
+current batch (slower as the node fills). The prompt's size is the node's prompt token count
+(the `usage.prompt_tokens` it reports); its prefix blocks are `zml.sim.model.prompt_blocks`.
+A prompt too large for the node's KV cache is answered 400 (`context_length_exceeded`).
+
 Disconnects are watched by a small task reading `receive()` alongside the request; when it
 sees `http.disconnect` it cancels the request's task wherever it is (queued or generating).
 """
@@ -14,7 +22,6 @@ sees `http.disconnect` it cancels the request's task wherever it is (queued or g
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import math
@@ -22,13 +29,13 @@ import random
 import sys
 import time
 import uuid
-from collections import deque
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, MutableMapping, Sequence
 from typing import Any
 
 import httpx2
 
 from zml.sim.metrics import CONTENT_TYPE, LoadSnapshot, MetricsExporter
+from zml.sim.model import ModelRequest, NodeEvent, NodeModel, prompt_blocks
 from zml.sim.protocol import (
     ApiError,
     ChatRequest,
@@ -88,42 +95,16 @@ class SimStats:
         return dataclasses.asdict(self)
 
 
-class _Slots:
-    """A FIFO semaphore: a freed slot goes straight to the longest waiter."""
+class _Live:
+    """A request in the node model, as the ASGI side waits on it."""
 
-    __slots__ = ("_free", "_waiters")
+    __slots__ = ("done", "first", "model", "started")
 
-    def __init__(self, count: int) -> None:
-        self._free = count
-        self._waiters: deque[asyncio.Future[None]] = deque()
-
-    def try_acquire(self) -> bool:
-        if self._free and not self._waiters:
-            self._free -= 1
-            return True
-        return False
-
-    async def acquire(self) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
-        try:
-            await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
-                self.release()
-            else:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(future)
-            raise
-
-    def release(self) -> None:
-        waiters = self._waiters
-        while waiters:
-            future = waiters.popleft()
-            if not future.done():
-                future.set_result(None)
-                return
-        self._free += 1
+    def __init__(self, model: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.model = model
+        self.started = False
+        self.first: asyncio.Future[float] = loop.create_future()
+        self.done: asyncio.Future[float] = loop.create_future()
 
 
 class _Guard:
@@ -138,12 +119,6 @@ class _Guard:
 
 def _hit(rng: random.Random, rate: float) -> bool:
     return rate >= 1.0 or (rate > 0.0 and rng.random() < rate)
-
-
-async def _sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
-    # Always yield: a node running behind schedule must still let other nodes run and notice
-    # its clients' disconnects, rather than pour out the rest of an answer in one go.
-    await asyncio.sleep(max(0.0, deadline - loop.time()))
 
 
 async def _read_body(receive: Receive) -> bytes | None:
@@ -197,12 +172,15 @@ class SimNode:
             raise ValueError(f"time_scale must be >= 0, got {time_scale!r}")
         self.spec = spec
         self.time_scale = time_scale
-        ttft_ms, tokens_per_s = spec.profile
-        self._first_delay = ttft_ms / 1000.0 * time_scale
-        self._per_token = time_scale / tokens_per_s
+        self.model = NodeModel(spec.performance, spec.max_concurrency,
+                               queue_size=spec.queue_size, time_scale=time_scale)
+        """The performance model pacing this node (its clock is the event loop's)."""
+        self._live: dict[Hashable, _Live] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._next_key = 0
         self._faults = spec.faults
         self._fault_rng = random.Random(spec.faults.seed)
-        self._slots = _Slots(spec.max_concurrency)
         self._running_by_model = dict.fromkeys(spec.models, 0)
         self._waiting_by_model = dict.fromkeys(spec.models, 0)
         self._running = 0
@@ -356,8 +334,16 @@ class SimNode:
             return
         drop = _hit(rng, faults.drop_rate)
         malformed = request.stream and _hit(rng, faults.malformed_rate)
-        queued = not self._slots.try_acquire()
-        if queued and self._waiting >= self.spec.queue_size:
+        plan = plan_reply(request)
+        loop = asyncio.get_running_loop()
+        self._next_key += 1
+        key = self._next_key
+        admission = self.model.admit(
+            ModelRequest(key, max(1, plan.prompt_tokens), max(1, plan.completion_tokens),
+                         prompt_blocks(request.messages)),
+            loop.time(),
+        )
+        if admission == "queue_full":
             self._rejected_total += 1
             await _send_error(
                 send,
@@ -369,7 +355,93 @@ class SimNode:
                 ),
             )
             return
-        await self._serve(request, receive, send, queued, drop, malformed)
+        if admission == "exceeds_kv_cache":
+            self._rejected_total += 1
+            limit = self.model.profile.kv_cache_tokens
+            await _send_error(
+                send,
+                ApiError(
+                    400,
+                    f"This request needs {plan.prompt_tokens + plan.completion_tokens} tokens of "
+                    f"KV cache; the node holds {limit}. Shorten the prompt or max_tokens.",
+                    code="context_length_exceeded",
+                ),
+            )
+            return
+        live = _Live(request.model, loop)
+        self._live[key] = live
+        self._waiting += 1
+        self._waiting_by_model[request.model] += 1
+        self._pump(loop)
+        await self._serve(request, plan, key, live, receive, send, drop, malformed)
+
+    # -- the model's clock ----------------------------------------------------------------
+
+    def _pump(self, loop: asyncio.AbstractEventLoop, at: float = 0.0) -> None:
+        """Apply the model's events up to now and set the timer for its next one."""
+        now = max(loop.time(), at)
+        for event in self.model.advance(now):
+            self._apply(event)
+        when = self.model.next_event_time()
+        if when != self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._timer_at = when
+            if when < math.inf:
+                self._timer = loop.call_at(when, self._on_timer, loop, when)
+
+    def _on_timer(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        self._timer = None
+        self._timer_at = math.inf
+        self._pump(loop, when)
+
+    def _apply(self, event: NodeEvent) -> None:
+        live = self._live.get(event.key)
+        if live is None:
+            return
+        if event.kind == "started":
+            live.started = True
+            self._waiting -= 1
+            self._waiting_by_model[live.model] -= 1
+            self._running += 1
+            self._running_by_model[live.model] += 1
+            if self._running > self._peak:
+                self._peak = self._running
+        elif event.kind == "first_token":
+            if not live.first.done():
+                live.first.set_result(event.time)
+        else:
+            self._leave(event.key, live)
+            if not live.first.done():
+                live.first.set_result(event.time)
+            if not live.done.done():
+                live.done.set_result(event.time)
+
+    def _leave(self, key: Hashable, live: _Live) -> None:
+        """Forget a request (finished or aborted) and update the load counters."""
+        del self._live[key]
+        if live.started:
+            self._running -= 1
+            self._running_by_model[live.model] -= 1
+        else:
+            self._waiting -= 1
+            self._waiting_by_model[live.model] -= 1
+
+    async def _until_token(self, key: Hashable, live: _Live, index: int) -> None:
+        """Wait until token ``index`` of the request is generated (always yields once)."""
+        loop = asyncio.get_running_loop()
+        model = self.model
+        await asyncio.sleep(0)
+        while not live.done.done():
+            now = loop.time()
+            if model.tokens_out(key, now) > index:
+                return
+            due = model.token_time(key, index)
+            if due is None:
+                await asyncio.wait((live.done,))
+                return
+            await asyncio.sleep(max(0.0, due - now))
 
     def _authorized(self, scope: Scope) -> bool:
         for name, value in scope["headers"]:
@@ -388,38 +460,23 @@ class SimNode:
         await _send_error(send, error, headers)
 
     async def _serve(
-        self, request: ChatRequest, receive: Receive, send: Send, queued: bool, drop: bool, malformed: bool
+        self, request: ChatRequest, plan: Plan, key: Hashable, live: _Live, receive: Receive,
+        send: Send, drop: bool, malformed: bool
     ) -> None:
-        """Hold a slot (after queueing if `queued`) and answer, aborting on disconnect."""
+        """Wait for the model's first token and pace the answer, aborting on disconnect."""
         task = asyncio.current_task()
         assert task is not None
         guard = _Guard()
         watcher = asyncio.ensure_future(_watch(receive, task, guard))
-        model = request.model
-        holding = not queued
         try:
-            if queued:
-                self._waiting += 1
-                self._waiting_by_model[model] += 1
-                try:
-                    await self._slots.acquire()
-                finally:
-                    self._waiting -= 1
-                    self._waiting_by_model[model] -= 1
-                holding = True
-            self._running += 1
-            self._running_by_model[model] += 1
-            if self._running > self._peak:
-                self._peak = self._running
-            try:
-                plan = plan_reply(request)
-                if request.stream:
-                    await self._stream(request, plan, send, drop, malformed)
-                else:
-                    await self._respond(plan, send, drop)
-            finally:
-                self._running -= 1
-                self._running_by_model[model] -= 1
+            await asyncio.wait((live.first,))
+            stall = self._faults.stall_s * self.time_scale
+            if stall:
+                await asyncio.sleep(stall)
+            if request.stream:
+                await self._stream(request, plan, key, live, send, drop, malformed)
+            else:
+                await self._respond(plan, live, send, drop)
             guard.active = False
             self._completed_total += 1
         except asyncio.CancelledError:
@@ -436,14 +493,14 @@ class SimNode:
         finally:
             guard.active = False
             watcher.cancel()
-            if holding:
-                self._slots.release()
+            if key in self._live:
+                loop = asyncio.get_running_loop()
+                self.model.cancel(key, loop.time())
+                self._leave(key, live)
+                self._pump(loop)
 
-    async def _respond(self, plan: Plan, send: Send, drop: bool) -> None:
-        loop = asyncio.get_running_loop()
-        start = loop.time() + self._first_delay + self._faults.stall_s * self.time_scale
-        steps = max(1, plan.completion_tokens)
-        await _sleep_until(loop, start + (steps - 1) * self._per_token)
+    async def _respond(self, plan: Plan, live: _Live, send: Send, drop: bool) -> None:
+        await asyncio.wait((live.done,))
         body = completion_body(plan, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
         headers = [*_JSON, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -451,16 +508,15 @@ class SimNode:
             raise SimulatedDrop("simulated node dropped the connection before the body")
         await send({"type": "http.response.body", "body": body})
 
-    async def _stream(self, request: ChatRequest, plan: Plan, send: Send, drop: bool, malformed: bool) -> None:
-        loop = asyncio.get_running_loop()
-        start = loop.time() + self._first_delay + self._faults.stall_s * self.time_scale
-        per_token = self._per_token
+    async def _stream(
+        self, request: ChatRequest, plan: Plan, key: Hashable, live: _Live, send: Send,
+        drop: bool, malformed: bool
+    ) -> None:
         encoder = ChunkEncoder(plan, f"chatcmpl-{uuid.uuid4().hex}", int(time.time()))
-        await _sleep_until(loop, start)
         await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         for i in range(encoder.steps):
             if i:
-                await _sleep_until(loop, start + i * per_token)
+                await self._until_token(key, live, i)
             if drop and i == 3:
                 break
             chunk = encoder.step(i)
@@ -469,4 +525,5 @@ class SimNode:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         if drop:
             raise SimulatedDrop("simulated node dropped the connection mid-stream")
+        await asyncio.wait((live.done,))
         await send({"type": "http.response.body", "body": encoder.tail(request.include_usage)})

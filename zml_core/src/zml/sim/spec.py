@@ -3,65 +3,44 @@
 A simulated node is described by data only (`SimNodeSpec`, `FaultSpec`), so a fleet can be
 declared in a test, in `zml.toml` or on the command line and rebuilt identically.
 
-When a spec leaves `ttft_ms` / `tokens_per_s` unset, the node takes its family's profile.
-The numbers are rough single-request figures for an 8B-class model at moderate load, chosen so
-that the families order the way operators expect (faster and dearer first):
-
-| family     | time to first token (ms) | decode tokens/s |
-| ---------- | ------------------------ | --------------- |
-| B200       | 40                       | 220             |
-| H200       | 50                       | 180             |
-| H100       | 60                       | 150             |
-| MI300X     | 80                       | 120             |
-| H100_PCIe  | 110                      | 90              |
-| A100       | 120                      | 80              |
-| L40S       | 160                      | 60              |
-| A10G       | 220                      | 40              |
-| L4         | 250                      | 35              |
-| T4         | 400                      | 20              |
-| (other)    | 150                      | 70              |
+When a spec leaves `ttft_ms` / `tokens_per_s` unset, the node takes its family's profile
+(`zml.sim.profiles`: derived from public datasheet figures for a Llama-3.1-8B-class model; see
+docs/concepts/sim-model.md). `performance` is the spec's whole profile: `profile_overrides`
+(e.g. a family's `[accelerators.NAME.sim]` table) over the built-in profile of the family, then
+the spec's own `ttft_ms` / `tokens_per_s`.
 
 Family names match exactly first, then case-insensitively.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from zml.sim.profiles import DEFAULT_PROFILE as _DEFAULT, PROFILES, FamilyProfile, profile_for
 
 __all__ = ["DEFAULT_PROFILE", "FAMILY_PROFILES", "NODE_KINDS", "FaultSpec", "SimNodeSpec", "family_profile"]
 
-FAMILY_PROFILES: dict[str, tuple[float, float]] = {
-    "B200": (40.0, 220.0),
-    "H200": (50.0, 180.0),
-    "H100": (60.0, 150.0),
-    "MI300X": (80.0, 120.0),
-    "H100_PCIe": (110.0, 90.0),
-    "A100": (120.0, 80.0),
-    "L40S": (160.0, 60.0),
-    "A10G": (220.0, 40.0),
-    "L4": (250.0, 35.0),
-    "T4": (400.0, 20.0),
-}
-"""(ttft_ms, tokens_per_s) per accelerator family; see the module docstring."""
+FAMILY_PROFILES: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {name: (p.ttft_ms, p.tokens_per_s) for name, p in PROFILES.items()}
+)
+"""(ttft_ms, tokens_per_s) per accelerator family: the fixed TTFT and one-sequence decode
+speed of its `zml.sim.profiles` profile."""
 
-DEFAULT_PROFILE: tuple[float, float] = (150.0, 70.0)
+DEFAULT_PROFILE: tuple[float, float] = (_DEFAULT.ttft_ms, _DEFAULT.tokens_per_s)
 """Profile of a family that is not in `FAMILY_PROFILES`."""
 
 NODE_KINDS: frozenset[str] = frozenset({"vllm", "sglang", "tgi", "llamacpp", "openai"})
 """Backend kinds a simulated node can imitate on `/metrics`."""
-
-_LOWER_PROFILES = {name.lower(): profile for name, profile in FAMILY_PROFILES.items()}
-
 
 def family_profile(family: str) -> tuple[float, float]:
     """Return the default `(ttft_ms, tokens_per_s)` of an accelerator family.
 
     Unknown families get `DEFAULT_PROFILE`, a middling node.
     """
-    profile = FAMILY_PROFILES.get(family)
-    if profile is None:
-        profile = _LOWER_PROFILES.get(family.lower(), DEFAULT_PROFILE)
-    return profile
+    p = profile_for(family)
+    return (p.ttft_ms, p.tokens_per_s)
 
 
 def _check_rate(name: str, value: float) -> None:
@@ -130,6 +109,9 @@ class SimNodeSpec:
     """Backend imitated on `/metrics`: vllm | sglang | tgi | llamacpp | openai (no /metrics)."""
     api_key: str | None = None
     """When set, chat requests need `Authorization: Bearer <api_key>` (else 401)."""
+    profile_overrides: FamilyProfile | Mapping[str, object] | None = None
+    """A whole profile, or some of its fields, replacing the family's built-in profile
+    (`ttft_ms` / `tokens_per_s` above still win)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.models, tuple):
@@ -152,10 +134,18 @@ class SimNodeSpec:
             )
 
     @property
+    def performance(self) -> FamilyProfile:
+        """The node's whole performance profile (see the module docstring)."""
+        base = profile_for(self.family)
+        extra = self.profile_overrides
+        if isinstance(extra, FamilyProfile):
+            base = extra
+        elif extra is not None:
+            base = base.with_overrides(extra)
+        return base.with_overrides({"ttft_ms": self.ttft_ms, "tokens_per_s": self.tokens_per_s})
+
+    @property
     def profile(self) -> tuple[float, float]:
         """The effective `(ttft_ms, tokens_per_s)`: explicit values, else the family's."""
-        ttft, tps = family_profile(self.family)
-        return (
-            ttft if self.ttft_ms is None else self.ttft_ms,
-            tps if self.tokens_per_s is None else self.tokens_per_s,
-        )
+        p = self.performance
+        return (p.ttft_ms, p.tokens_per_s)

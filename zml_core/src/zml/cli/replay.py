@@ -1,0 +1,157 @@
+"""``zml sim replay TRACE --config zml.toml``: replay a trace in virtual time, compare routings.
+
+Each ``--policy NAME`` and ``--strategy NAME`` is one row, replayed on a fresh copy of the
+config's fleet (node models built from ``[[nodes]]`` and their ``sim`` tables). Without
+either, every policy of the config and every baseline strategy is replayed. Bad input (a
+missing or malformed trace, an unknown policy or strategy, a rate scale <= 0) is one clear
+message and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from zml.errors import InvalidRequestError, PolicyConfigError
+
+__all__ = ["add_replay_parser", "run_replay"]
+
+
+def add_replay_parser(sim_sub: Any) -> None:
+    """Add ``replay`` to the ``zml sim`` subcommands."""
+    p = sim_sub.add_parser("replay", help="replay a request trace in virtual time against the "
+                           "config's fleet and compare policies and strategies")
+    p.add_argument("trace", help="an Azure CSV, Mooncake JSONL or zml JSONL trace")
+    p.add_argument("--config", help="the zml.toml whose [[nodes]] to model (default: "
+                   "$ZML_CONFIG, else ./zml.toml)")
+    p.add_argument("--policy", action="append", default=[], metavar="NAME",
+                   help="a row routed by this policy of the config (repeatable)")
+    p.add_argument("--strategy", action="append", default=[], metavar="NAME",
+                   help="a row routed by a baseline strategy: round_robin, random, least_busy, "
+                   "latency_based (repeatable)")
+    p.add_argument("--rate-scale", type=float, default=1.0, metavar="X",
+                   help="multiply the arrival rate (2: the trace twice as fast)")
+    p.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
+    p.add_argument("--model", help="the model of rows that name none (default: the config's "
+                   "only model)")
+    p.add_argument("--slo-ms", type=float, metavar="MS", help="TTFT target for rows without "
+                   "one (default: the first policy's latency_target_ms)")
+    p.add_argument("--json", metavar="OUT", help="write the results as JSON")
+    p.add_argument("--plot", metavar="OUT", help="draw TTFT CDFs and family shares (.png with "
+                   "matplotlib, or .html)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the routers' random choices")
+    p.set_defaults(handler=run_replay)
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """The command's body; returns the exit status (ZMLErrors are printed by ``zml.cli``)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from zml.config import discover_path, load_registry, suggest
+    from zml.policy import validate_policy_tables
+    from zml.sim.policy_router import PolicyRouter
+    from zml.sim.replay import ReplayFleet, ReplayRun, Router, StrategyRouter, replay
+    from zml.sim.report import plot, replay_document, rich_table, summarize
+    from zml.sim.traces import read_trace
+    from zml.strategies import STRATEGIES
+
+    if not args.rate_scale > 0 or args.rate_scale == float("inf"):
+        raise InvalidRequestError(f"--rate-scale must be a number > 0, got {args.rate_scale!r}",
+                                  param="rate_scale")
+    if args.limit is not None and args.limit < 1:
+        raise InvalidRequestError(f"--limit must be >= 1, got {args.limit!r}", param="limit")
+    if args.slo_ms is not None and not args.slo_ms > 0:
+        raise InvalidRequestError(f"--slo-ms must be > 0, got {args.slo_ms!r}", param="slo_ms")
+    for name in args.strategy:
+        if name not in STRATEGIES:
+            hint = suggest(name, STRATEGIES)
+            raise InvalidRequestError(
+                f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}"
+                + (f" (did you mean {hint!r}?)" if hint else ""), param="strategy")
+    path = discover_path(args.config)
+    if path is None:
+        raise PolicyConfigError("no zml.toml found: pass --config PATH (or set ZML_CONFIG)",
+                                field="config")
+    registry = load_registry(path)
+    if not registry.nodes:
+        raise PolicyConfigError(f"{path}: no [[nodes]] to replay against", field="nodes")
+    policies = validate_policy_tables(registry)
+    for name in args.policy:
+        if name not in policies:
+            hint = suggest(name, policies)
+            known = ", ".join(policies) or "none"
+            raise PolicyConfigError(f"{path}: no policy {name!r} (policies: {known})"
+                                    + (f"; did you mean {hint!r}?" if hint else ""),
+                                    field="policy", value=name, suggestion=hint)
+    models = sorted({m for n in registry.nodes for m in n.models})
+    model = args.model
+    if model is None:
+        if len(models) != 1:
+            raise InvalidRequestError(f"the config serves several models ({', '.join(models)}); "
+                                      "pass --model for trace rows that name none", param="model")
+        model = models[0]
+    elif model not in models:
+        raise InvalidRequestError(f"no node of the config serves --model {model!r} (models: "
+                                  f"{', '.join(models)})", param="model")
+    arrivals = list(read_trace(args.trace, limit=args.limit))
+    if not arrivals:
+        raise InvalidRequestError(f"{args.trace}: the trace has no requests", param="trace")
+
+    chosen_policies = args.policy or ([] if args.strategy else list(policies))
+    chosen_strategies = args.strategy or ([] if args.policy else list(STRATEGIES))
+    default_slo = args.slo_ms
+    if default_slo is None:
+        for name in [*chosen_policies, *policies]:
+            target = policies[name].latency_target_ms
+            if target is not None:
+                default_slo = float(target)
+                break
+    rows: list[tuple[str, str, Router, float | None]] = []
+    for name in chosen_policies:
+        target = policies[name].latency_target_ms
+        rows.append((name, "policy", PolicyRouter(policies[name], policies, seed=args.seed),
+                     float(target) if target is not None else default_slo))
+    for name in chosen_strategies:
+        rows.append((name, "strategy", StrategyRouter(name, seed=args.seed), default_slo))
+
+    console = Console(stderr=True)
+    runs: list[ReplayRun] = []
+    started = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        for name, kind, router, slo in rows:
+            task = progress.add_task(f"{kind} {name}", total=len(arrivals))
+
+            def advance(n: int, task: TaskID = task) -> None:
+                progress.update(task, completed=n)
+
+            runs.append(replay(
+                arrivals, ReplayFleet(registry), router, name=name, kind=kind,
+                default_model=model, rate_scale=args.rate_scale, slo_ms=slo, progress=advance))
+    wall = time.perf_counter() - started
+    results = [summarize(run) for run in runs]
+    virtual = max(run.virtual_s for run in runs)
+    out = Console()
+    if not out.is_terminal:  # a file or a pipe: do not squeeze the table into 80 columns
+        out = Console(width=max(out.width, 200))
+    out.print(rich_table(results, title=f"{args.trace}: {len(arrivals):,} requests x "
+                         f"{args.rate_scale:g} rate, {virtual:,.0f} s virtual in {wall:.1f} s"))
+    if args.json:
+        doc = replay_document(str(args.trace), len(arrivals), wall, virtual, results)
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        out.print(f"results written to {args.json}")
+    if args.plot:
+        plot(runs, args.plot)
+        out.print(f"plot written to {args.plot}")
+    return 0
