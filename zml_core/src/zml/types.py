@@ -130,7 +130,8 @@ class Choice(_Open):
 
 
 class Usage(_Open):
-    """Token counts of a request."""
+    """Token counts of a request; a node's details (``prompt_tokens_details``,
+    ``completion_tokens_details``) are kept as extra fields, plain dicts."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -193,6 +194,7 @@ class ChatCompletionChunk(_Open):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+    system_fingerprint: str | None = None
     routing: RoutingInfo
 
 
@@ -252,10 +254,8 @@ def build_chunk(data: dict[str, Any], routing: RoutingInfo) -> ChatCompletionChu
         "created": data.get("created", 0),
         "model": data.get("model", ""),
         "choices": choices,
-        "usage": None if not usage else trusted(Usage, {
-            "prompt_tokens": usage.get("prompt_tokens", 0),
-            "completion_tokens": usage.get("completion_tokens", 0),
-            "total_tokens": usage.get("total_tokens", 0),
-        }),
+        # Once per stream, so validated: the node's details stay as Usage's extra fields.
+        "usage": Usage.model_validate(usage) if usage else None,
+        "system_fingerprint": data.get("system_fingerprint"),
         "routing": routing,
     })
