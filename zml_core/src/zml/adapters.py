@@ -94,12 +94,17 @@ class LoopClients:
         return client
 
     async def _close_at_shutdown(self, loop: asyncio.AbstractEventLoop, client: AsyncClient) -> None:
-        """Wait until cancelled (the loop's shutdown cancels pending tasks), then close."""
+        """Wait until cancelled (the loop's shutdown cancels pending tasks), then close.
+
+        Only a cancellation closes: a coroutine finalized by the garbage collector (its loop
+        closed without cancelling it) must not take the lock, which its thread may hold.
+        """
         try:
             await loop.create_future()
-        finally:
+        except asyncio.CancelledError:
             if self._forget(loop, client):
                 await client.aclose()
+            raise
 
     def _forget(self, loop: asyncio.AbstractEventLoop, client: AsyncClient) -> bool:
         with self._lock:
