@@ -34,6 +34,11 @@ CHUNKS: list[dict[str, Any]] = [
          {"index": 0, "function": {"arguments": "{\"a\": 1}"}}]}, "finish_reason": "tool_calls"}]},
     {"id": "c1", "object": "chat.completion.chunk", "created": 5, "model": "m", "choices": [],
      "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}},
+    {"id": "c1", "object": "chat.completion.chunk", "created": 5, "model": "m",
+     "system_fingerprint": "fp_1", "choices": [],
+     "usage": {"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44,
+               "prompt_tokens_details": {"cached_tokens": 32},
+               "completion_tokens_details": {"reasoning_tokens": 2}}},
 ]
 
 
@@ -58,7 +63,7 @@ def _reference(data: dict[str, Any]) -> ChatCompletionChunk:
     return ChatCompletionChunk.model_construct(
         id=data["id"], object=data["object"], created=data["created"], model=data["model"],
         choices=choices, usage=Usage.model_construct(**usage) if usage else None,
-        routing=ROUTING)
+        system_fingerprint=data.get("system_fingerprint"), routing=ROUTING)
 
 
 @pytest.mark.parametrize("data", CHUNKS)
@@ -70,6 +75,14 @@ def test_fast_chunks_equal_pydantic_constructed_ones(data: dict[str, Any]) -> No
     assert fast.model_dump_json() == ref.model_dump_json()
     assert fast.model_fields_set == ref.model_fields_set
     assert ChatCompletionChunk.model_validate(fast.model_dump()).model_dump() == ref.model_dump()
+
+
+def test_chunks_keep_usage_details_and_system_fingerprint() -> None:
+    chunk = build_chunk(CHUNKS[-1], ROUTING)
+    assert chunk.system_fingerprint == "fp_1"
+    assert chunk.usage is not None
+    assert chunk.usage.model_extra == {"prompt_tokens_details": {"cached_tokens": 32},
+                                       "completion_tokens_details": {"reasoning_tokens": 2}}
 
 
 def test_completion_keeps_unknown_node_fields_and_routing() -> None:

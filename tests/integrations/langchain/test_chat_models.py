@@ -131,7 +131,13 @@ def test_copies_share_or_drop_the_clients(tmp_path: Path) -> None:
 def test_identifying_and_langsmith_params() -> None:
     policy: dict[str, Any] = {"name": "adhoc", "accelerator_chain": ["H100"]}
     llm = ChatZML(model=MODEL, policy=policy, temperature=0.5, max_tokens=64, stop=["END"])
-    assert llm._identifying_params == {"model": MODEL, "policy": policy}
+    assert llm._identifying_params == {
+        "model": MODEL,
+        "policy": policy,
+        "temperature": 0.5,
+        "max_tokens": 64,
+        "stop": ["END"],
+    }
     assert llm._get_ls_params() == {
         "ls_provider": "zml",
         "ls_model_name": MODEL,

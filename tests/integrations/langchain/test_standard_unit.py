@@ -35,6 +35,10 @@ class TestChatZMLUnit(ChatModelUnitTests):
     def supports_json_mode(self) -> bool:
         return True
 
+    @property
+    def supports_anthropic_inputs(self) -> bool:
+        return True
+
     @pytest.mark.xfail(
         reason=(
             "dumpd() matches the snapshot, but langchain-core's load(allowed_objects='all') "

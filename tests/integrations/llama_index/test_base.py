@@ -78,7 +78,7 @@ def test_config_registry_is_kept_and_serializes_as_its_source() -> None:
 
 def test_no_client_before_first_call() -> None:
     llm = ZML(model="m", config="/nonexistent/zml.toml")  # read lazily, on the first call
-    assert llm._client is None and llm._aclient is None
+    assert not llm._clients.built
 
 
 def test_request_parameters() -> None:

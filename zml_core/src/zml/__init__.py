@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "AsyncClient": "client",
     "Client": "client",
     "NotGiven": "client",
+    "LoopClients": "adapters",
     "Registry": "config",
     "Timeouts": "dispatch",
     "Policy": "policy",
@@ -84,6 +85,7 @@ __all__ = [
     "IncompleteStreamError",
     "InternalServerError",
     "InvalidRequestError",
+    "LoopClients",
     "NodeConnectionError",
     "NodeError",
     "NodeProtocolError",
@@ -123,6 +125,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from .adapters import LoopClients as LoopClients
     from .client import (
         NOT_GIVEN as NOT_GIVEN,
         AsyncClient as AsyncClient,

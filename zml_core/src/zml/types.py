@@ -130,7 +130,8 @@ class Choice(_Open):
 
 
 class Usage(_Open):
-    """Token counts of a request."""
+    """Token counts of a request; a node's details (``prompt_tokens_details``,
+    ``completion_tokens_details``) are kept as extra fields, plain dicts."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -193,6 +194,7 @@ class ChatCompletionChunk(_Open):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+    system_fingerprint: str | None = None
     routing: RoutingInfo
 
 
@@ -229,7 +231,8 @@ class MalformedChunk(ValueError):
 
 _DELTA_FIELDS = frozenset({"role", "content", "tool_calls", "refusal"})
 _CHOICE_FIELDS = frozenset({"index", "delta", "finish_reason", "logprobs"})
-_CHUNK_FIELDS = frozenset({"id", "object", "created", "model", "choices", "usage"})
+_CHUNK_FIELDS = frozenset({"id", "object", "created", "model", "choices", "usage",
+                           "system_fingerprint"})
 _USAGE_FIELDS = frozenset({"prompt_tokens", "completion_tokens", "total_tokens"})
 
 
@@ -279,6 +282,12 @@ def _tool_call_delta(tc: object, where: str) -> ChoiceDeltaToolCall:
         "type": _text(tc.get("type"), f"{where}.type"),
         "function": function,
     })
+
+
+def _fingerprint(value: object) -> str | None:
+    if value is not None and type(value) is not str:
+        raise _bad("system_fingerprint", value, "a string or null")
+    return value
 
 
 def _usage(usage: object) -> Usage:
@@ -362,5 +371,6 @@ def build_chunk(data: dict[str, Any], routing: RoutingInfo) -> ChatCompletionChu
         "model": model,
         "choices": choices,
         "usage": None if usage is None or usage == {} else _usage(usage),
+        "system_fingerprint": _fingerprint(data.get("system_fingerprint")),
         "routing": routing,
     }, _extra(data, _CHUNK_FIELDS))

@@ -128,7 +128,7 @@ def check_json(value: object, path: str, *, depth: int = MAX_REQUEST_DEPTH) -> N
 
     Raises:
         InvalidRequestError: a NaN or infinite float, a string that is not encodable UTF-8, a
-            mapping key that is not a string, a value of a type JSON does not have, or nesting
+            mapping key that is not a string (integer token ids in ``logit_bias`` aside), a value of a type JSON does not have, or nesting
             deeper than ``depth``.
     """
     stack: list[tuple[object, str, int]] = [(value, path, 0)]
@@ -152,6 +152,11 @@ def check_json(value: object, path: str, *, depth: int = MAX_REQUEST_DEPTH) -> N
                 )
             if isinstance(item, Mapping):
                 for key, sub in item.items():
+                    if isinstance(key, int) and not isinstance(key, bool) \
+                            and where.rpartition(".")[2] == "logit_bias":
+                        # token ids (as LangChain passes them): JSON writes them as strings
+                        stack.append((sub, f"{where}.{key}", level + 1))
+                        continue
                     if not isinstance(key, str):
                         raise InvalidRequestError(
                             f"{where} has a key {_short(key)} of type {type(key).__name__}; "

@@ -1,13 +1,17 @@
 """zml answers to LangChain messages: one converter for a whole response, one for a chunk.
 
 Every message carries ``response_metadata["zml_routing"]`` (where the request went and why),
-``model_name``, ``finish_reason``, ``model_provider`` and ``usage_metadata``.
+``id``, ``model_name``, ``system_fingerprint`` (when the node sends one), ``finish_reason``,
+``model_provider`` and ``usage_metadata`` (with cached and reasoning token details when the
+node reports them); ``logprobs`` when they were asked for. The keys are ChatOpenAI's.
 
 A stream spreads these over several node chunks (the finish reason on one, usage on a final
 chunk without choices), but LangChain merges chunk metadata by concatenating strings and
 summing numbers, so each must appear on exactly one chunk. :class:`ChunkConverter` therefore
-emits only content and tool-call deltas as they arrive, and gathers the rest into a single
-final chunk, marked ``chunk_position="last"``, that it builds when the stream ends.
+emits content and tool-call deltas as they arrive (each content chunk with its own
+``logprobs``, whose ``content`` lists LangChain's merge concatenates), and gathers the rest
+into a single final chunk, marked ``chunk_position="last"``, that it builds when the stream
+ends.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ def chat_result(completion: zml.ChatCompletion) -> ChatResult:
                 if parsed is not None:
                     tool_calls.append(parsed)  # type: ignore[arg-type]
         metadata: dict[str, Any] = {
+            "id": completion.id,
             "model_name": completion.model,
             "finish_reason": choice.finish_reason,
             "model_provider": PROVIDER,
@@ -86,8 +91,9 @@ def chat_result(completion: zml.ChatCompletion) -> ChatResult:
         }
         if completion.system_fingerprint:
             metadata["system_fingerprint"] = completion.system_fingerprint
+        info: dict[str, Any] = {"finish_reason": choice.finish_reason}
         if choice.logprobs is not None:
-            metadata["logprobs"] = choice.logprobs
+            metadata["logprobs"] = info["logprobs"] = choice.logprobs
         extra: dict[str, Any] = {"refusal": message.refusal} if message.refusal else {}
         ai = AIMessage(
             content=message.content or "",
@@ -98,10 +104,10 @@ def chat_result(completion: zml.ChatCompletion) -> ChatResult:
             usage_metadata=usage,
             id=completion.id or None,
         )
-        generations.append(
-            ChatGeneration(message=ai, generation_info={"finish_reason": choice.finish_reason})
-        )
-    llm_output: dict[str, Any] = {"model_name": completion.model}
+        generations.append(ChatGeneration(message=ai, generation_info=info))
+    llm_output: dict[str, Any] = {"id": completion.id, "model_name": completion.model}
+    if completion.system_fingerprint:
+        llm_output["system_fingerprint"] = completion.system_fingerprint
     if completion.usage is not None:
         llm_output["token_usage"] = completion.usage.model_dump()
     return ChatResult(generations=generations, llm_output=llm_output)
@@ -110,11 +116,12 @@ def chat_result(completion: zml.ChatCompletion) -> ChatResult:
 class ChunkConverter:
     """Converts the chunks of one stream; builds the single metadata-bearing final chunk."""
 
-    __slots__ = ("finish_reason", "id", "model", "routing", "usage")
+    __slots__ = ("fingerprint", "finish_reason", "id", "model", "routing", "usage")
 
     def __init__(self) -> None:
         self.id: str | None = None
         self.model = ""
+        self.fingerprint: str | None = None
         self.finish_reason: str | None = None
         self.usage: zml.Usage | None = None
         self.routing: zml.RoutingInfo | None = None
@@ -122,16 +129,18 @@ class ChunkConverter:
     def chunk(self, chunk: zml.ChatCompletionChunk) -> ChatGenerationChunk | None:
         """The content or tool-call delta of a node chunk (None if it has neither).
 
-        The chunk's model, finish reason, usage and routing are kept for :meth:`last`.
+        The chunk's model, finish reason, usage and routing are kept for :meth:`last`. Only the
+        first choice (index 0) is read: a LangChain stream is one message.
         """
         self.id = self.id or chunk.id or None
         self.model = chunk.model or self.model
+        self.fingerprint = chunk.system_fingerprint or self.fingerprint
         self.routing = chunk.routing
         if chunk.usage is not None:
             self.usage = chunk.usage
-        if not chunk.choices:
+        choice = next((c for c in chunk.choices if c.index == 0), None)
+        if choice is None:
             return None
-        choice = chunk.choices[0]
         if choice.finish_reason:
             self.finish_reason = choice.finish_reason
         delta = choice.delta
@@ -146,13 +155,18 @@ class ChunkConverter:
         ]
         if not delta.content and not calls:
             return None
+        metadata: dict[str, Any] = {"model_provider": PROVIDER}
+        info: dict[str, Any] | None = None
+        if choice.logprobs is not None:
+            metadata["logprobs"] = choice.logprobs
+            info = {"logprobs": choice.logprobs}
         message = AIMessageChunk(
             content=delta.content or "",
             tool_call_chunks=calls,
-            response_metadata={"model_provider": PROVIDER},
+            response_metadata=metadata,
             id=self.id,
         )
-        return ChatGenerationChunk(message=message)
+        return ChatGenerationChunk(message=message, generation_info=info)
 
     def last(self) -> ChatGenerationChunk:
         """The final chunk: no content, and everything that must be counted once."""
@@ -161,6 +175,10 @@ class ChunkConverter:
             "finish_reason": self.finish_reason,
             "model_provider": PROVIDER,
         }
+        if self.id:
+            metadata["id"] = self.id
+        if self.fingerprint:
+            metadata["system_fingerprint"] = self.fingerprint
         if self.routing is not None:
             metadata["zml_routing"] = routing_metadata(self.routing)
         message = AIMessageChunk(

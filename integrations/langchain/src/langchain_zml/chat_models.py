@@ -33,7 +33,6 @@ from pydantic import (
 
 import zml
 
-from ._clients import Clients
 from ._messages import to_openai_messages
 from ._responses import PROVIDER, ChunkConverter, chat_result
 from ._structured_output import (
@@ -49,7 +48,22 @@ __all__ = ["ChatZML"]
 _ROUTING_KWARGS = ("policy", "accelerator")
 _RESERVED_MODEL_KWARGS = frozenset(
     {"model", "messages", "policy", "accelerator", "metadata", "timeout", "stream"}
-    | {"temperature", "max_tokens", "stop"}
+    | {"temperature", "max_tokens", "stop", "extra_body"}
+)
+# OpenAI chat parameters that are ChatZML fields, sent when set (not None). They may also come
+# in model_kwargs (the 0.1 way), but not both ways at once.
+_PARAM_FIELDS = (
+    "temperature",
+    "max_tokens",
+    "top_p",
+    "seed",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "reasoning_effort",
 )
 
 
@@ -97,6 +111,11 @@ class ChatZML(BaseChatModel):
     Structured output: ``llm.with_structured_output(Schema, method=...)`` with
     ``"function_calling"`` (the default), ``"json_schema"`` or ``"json_mode"``.
 
+    Sampling and output options are ChatOpenAI's constructor fields (``top_p``, ``seed``,
+    ``n``, ``logprobs``, ``top_logprobs``, ``frequency_penalty``, ``presence_penalty``,
+    ``logit_bias``, ``reasoning_effort``, ``stop``, ``extra_body``...); a misspelled field is
+    refused. Logprobs arrive in ``response_metadata["logprobs"]``, streamed too.
+
     Per-call options: ``model=``, ``policy=``, ``accelerator=``, ``zml_metadata=``,
     ``stream_usage=`` and any OpenAI chat parameter (``seed``, ``top_p``, ...); zml refuses
     unknown parameter names with ``zml.InvalidRequestError``.
@@ -121,12 +140,35 @@ class ChatZML(BaseChatModel):
     """A zml.toml path or a ``zml.Registry`` (default: ``$ZML_CONFIG``, else ``./zml.toml``)."""
     temperature: float | None = None
     """Sampling temperature."""
-    max_tokens: int | None = Field(default=None, ge=1)
-    """Most tokens to generate."""
+    max_tokens: int | None = Field(default=None, ge=1, alias="max_completion_tokens")
+    """Most tokens to generate (alias ``max_completion_tokens``, as in ChatOpenAI)."""
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    """Nucleus sampling: the probability mass to sample from."""
+    seed: int | None = None
+    """Sampling seed, for reproducible answers where the node supports it."""
+    n: int | None = Field(default=None, ge=1)
+    """Choices to generate per prompt: ``generate``/``batch`` results hold one generation each;
+    ``invoke`` returns the first, and ``stream`` yields it whole (n > 1 is never streamed)."""
+    logprobs: bool | None = None
+    """Return token log-probabilities (in ``response_metadata["logprobs"]``)."""
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    """Most likely alternatives per token, with ``logprobs=True``."""
+    frequency_penalty: float | None = None
+    """Penalise tokens by how often they already appeared."""
+    presence_penalty: float | None = None
+    """Penalise tokens that already appeared."""
+    logit_bias: dict[int, int] | None = None
+    """Token id to bias (-100 to 100) added to its logit."""
+    reasoning_effort: str | None = None
+    """For reasoning models: ``"minimal"``, ``"low"``, ``"medium"`` or ``"high"``."""
+    extra_body: dict[str, Any] | None = None
+    """Node-specific fields merged into every request body (vLLM's ``top_k``,
+    ``repetition_penalty``, ...); a per-call ``extra_body`` adds to it, key by key."""
     timeout: float | InstanceOf[zml.Timeouts] | None = None
     """Overall deadline per request, in seconds, or a ``zml.Timeouts`` (None: zml's default)."""
     max_retries: int = Field(default=2, ge=0)
-    """Failover attempts after the first dispatch (zml's ``max_attempts`` is this plus one)."""
+    """Failover attempts after the first dispatch: zml's ``max_attempts`` is
+    ``max_retries + 1`` (the default 2 gives 3 dispatches at most)."""
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     """Default stop sequences (None or ``[]``: none)."""
     streaming: bool = False
@@ -138,7 +180,7 @@ class ChatZML(BaseChatModel):
     zml_metadata: dict[str, Any] | None = None
     """Labels (team, service...) passed to zml's plugins and echoed in the routing info."""
 
-    _clients: Clients = PrivateAttr(default_factory=Clients)
+    _clients: zml.LoopClients = PrivateAttr(default_factory=zml.LoopClients)
 
     @field_validator("model_kwargs")
     @classmethod
@@ -157,6 +199,13 @@ class ChatZML(BaseChatModel):
                 "pass either policy= or accelerator=, not both: accelerator pins one family, "
                 "a policy gives a chain of them"
             )
+        twice = sorted(
+            k for k in self.model_kwargs if k in _PARAM_FIELDS and getattr(self, k) is not None
+        )
+        if twice:
+            raise ValueError(f"{twice} given both as fields and in model_kwargs; pass them once")
+        if self.n is not None and self.n > 1 and self.streaming:
+            raise ValueError("n must be 1 when streaming=True (a stream yields one message)")
         return self
 
     # --- LangChain's model description -----------------------------------------------------
@@ -166,9 +215,36 @@ class ChatZML(BaseChatModel):
         return "zml-chat"
 
     @property
+    def _default_params(self) -> dict[str, Any]:
+        """The OpenAI chat parameters this model sends with every request."""
+        params: dict[str, Any] = dict(self.model_kwargs)
+        for name in _PARAM_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                params[name] = value
+        if self.stop:
+            params["stop"] = list(self.stop)
+        if self.extra_body:
+            params["extra_body"] = dict(self.extra_body)
+        return params
+
+    @property
     def _identifying_params(self) -> dict[str, Any]:
+        """Model, policy and the request parameters: what callbacks see as
+        ``invocation_params`` (with the per-call ones) and what caches key on."""
         policy = self.policy.name if isinstance(self.policy, zml.Policy) else self.policy
-        return {"model": self.model, "policy": policy}
+        return {"model": self.model, "policy": policy, **self._default_params}
+
+    def _should_stream(self, *, async_api: bool, **kwargs: Any) -> bool:
+        # n > 1 gives several messages, which a stream cannot: stream() then yields the first
+        # choice whole, as invoke() returns it (generate() returns them all).
+        if self._choices(kwargs) > 1:
+            return False
+        return super()._should_stream(async_api=async_api, **kwargs)
+
+    def _choices(self, kwargs: Mapping[str, Any]) -> int:
+        n = kwargs.get("n", self.model_kwargs.get("n", self.n))
+        return n if isinstance(n, int) else 1
 
     @classmethod
     def is_lc_serializable(cls) -> bool:
@@ -251,17 +327,17 @@ class ChatZML(BaseChatModel):
             routing = {"policy": self.policy, "accelerator": self.accelerator}
         model = call.pop("model", None) or self.model
         metadata = call.pop("zml_metadata", self.zml_metadata)
-        params: dict[str, Any] = dict(self.model_kwargs)
-        if self.temperature is not None:
-            params["temperature"] = self.temperature
-        if self.max_tokens is not None:
-            params["max_tokens"] = self.max_tokens
+        params = self._default_params
+        params.pop("stop", None)
         stop_sequences = stop if stop is not None else self.stop
         if stop_sequences:
             params["stop"] = list(stop_sequences)
         if stream and "stream_options" not in call:
             params["stream_options"] = {"include_usage": bool(stream_usage)}
+        extra_body = call.pop("extra_body", None)
         params.update(call)
+        if extra_body:
+            params["extra_body"] = {**params.get("extra_body", {}), **extra_body}
         return {
             "model": model,
             "messages": to_openai_messages(messages),

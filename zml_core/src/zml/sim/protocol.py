@@ -36,10 +36,32 @@ Streamed, a reply opens with a role chunk; each tool call then sends one chunk w
 `index` (0, 1, ... in call order), `id`, `type` and `function.name` (and empty arguments),
 followed by chunks of `index` and argument fragments only, the calls one after another.
 The tool name counts as one completion token, each argument fragment as one.
+
+What else a reply carries, as vLLM (or OpenAI, where vLLM has no equivalent) sends it:
+- `n` (1-16) choices, each planned by the rules above from its own generator (choice 0 is the
+  reply the request gets with `n` = 1). Choices are generated side by side, so the reply
+  takes as long as its longest choice. Streamed, every chunk holds one choice, named by its
+  `index`: each choice opens with its own role chunk, a step sends one chunk per choice that
+  still has a token, and every choice ends with its own finish_reason chunk;
+- `logprobs` (see `zml.sim.logprobs`) on every choice when the request sets `logprobs: true`
+  (with `top_logprobs`, 0-20; `top_logprobs` without `logprobs` is a 400, as in vLLM);
+  streamed, each content chunk carries the entries of its own token;
+- `usage` counts the prompt once and the tokens of every choice, with
+  `prompt_tokens_details.cached_tokens`: a prefix cache that holds the earlier turns, i.e.
+  the prompt tokens of every message but the last, in whole blocks of 16 tokens (vLLM's
+  default block size; a one-message prompt has none cached);
+- `reasoning_effort` ("minimal", "low", "medium", "high") makes each choice think first:
+  4, 8, 16 or 32 hidden reasoning tokens, paced before the first visible token, counted in
+  `completion_tokens` and in `completion_tokens_details.reasoning_tokens` (OpenAI's shape;
+  that object is sent only then). `max_tokens` caps the visible tokens only;
+- `system_fingerprint` on the completion and on every chunk (as OpenAI sends it): `fp_`
+  and 10 hex digits of the model's name.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import random
 from collections.abc import Mapping, Sequence
@@ -47,6 +69,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from zml.sim.cues import json_keys, mentioned_tools, mentions_name, mentions_word, tool_arguments
+from zml.sim.encoding import ChunkEncoder, completion_body
+from zml.sim.logprobs import MAX_TOP_LOGPROBS, content_logprobs
 from zml.sim.schemagen import SchemaGenerationError, generate_json
 from zml.sim.textgen import (
     count_prompt_tokens,
@@ -56,7 +80,24 @@ from zml.sim.textgen import (
     synth_tokens,
 )
 
-__all__ = ["ApiError", "ChatRequest", "ChunkEncoder", "Plan", "ToolCall", "parse_request", "plan_reply"]
+__all__ = [
+    "ApiError",
+    "ChatRequest",
+    "ChunkEncoder",
+    "Plan",
+    "Reply",
+    "ToolCall",
+    "completion_body",
+    "parse_request",
+    "plan_reply",
+]
+
+MAX_CHOICES = 16
+"""The most choices (`n`) one request may ask for."""
+CACHE_BLOCK_TOKENS = 16
+"""The prefix cache's block size: cached prompt tokens come in whole blocks."""
+REASONING_TOKENS: Mapping[str, int] = {"minimal": 4, "low": 8, "medium": 16, "high": 32}
+"""Hidden reasoning tokens per choice, by `reasoning_effort`."""
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _JSON_OBJECT_SCHEMA: dict[str, Any] = {
@@ -113,6 +154,11 @@ class ChatRequest:
     response_format: dict[str, Any] | None
     """The JSON Schema of the content, or None for prose; json_object keeps a placeholder that
     planning replaces by the keys the prompt names (see the module docstring)."""
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int = 0
+    reasoning_tokens: int = 0
+    """Hidden reasoning tokens per choice (from `reasoning_effort`; 0 without)."""
 
 
 @dataclass(frozen=True)
@@ -131,37 +177,84 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """The whole reply, decided before the first token is paced out.
+class Reply:
+    """One choice of a reply.
 
     `pieces` are content tokens (none when the reply calls tools); `tool_calls` the calls, in
-    order.
+    order; `logprobs` one entry per piece when the request asked for them (else None);
+    `reasoning_tokens` hidden tokens generated before the first piece.
     """
 
-    model: str
-    prompt_tokens: int
     pieces: list[str]
     tool_calls: tuple[ToolCall, ...]
     finish_reason: str
+    logprobs: list[dict[str, Any]] | None = None
+    reasoning_tokens: int = 0
 
     @property
     def completion_tokens(self) -> int:
-        """Generated tokens (each tool name counts as one)."""
-        return len(self.pieces) + sum(call.tokens for call in self.tool_calls)
+        """Generated tokens: reasoning, content, tool calls (each tool name counts as one)."""
+        return self.reasoning_tokens + len(self.pieces) + sum(call.tokens for call in self.tool_calls)
 
     @property
     def content(self) -> str | None:
         """The full content, or None when the reply calls tools."""
         return None if self.tool_calls else "".join(self.pieces)
 
-    def usage(self) -> dict[str, int]:
-        """The OpenAI `usage` object."""
-        completion = self.completion_tokens
-        return {
+
+@dataclass(frozen=True)
+class Plan:
+    """The whole reply (all its choices), decided before the first token is paced out."""
+
+    model: str
+    prompt_tokens: int
+    choices: tuple[Reply, ...]
+    cached_tokens: int = 0
+
+    @property
+    def completion_tokens(self) -> int:
+        """Decode steps of the reply: the generated tokens of its longest choice (the choices
+        are generated side by side). With `n` = 1, the reply's generated tokens."""
+        return max(choice.completion_tokens for choice in self.choices)
+
+    @property
+    def pieces(self) -> list[str]:
+        """The first choice's content tokens."""
+        return self.choices[0].pieces
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The first choice's tool calls."""
+        return self.choices[0].tool_calls
+
+    @property
+    def finish_reason(self) -> str:
+        """The first choice's finish reason."""
+        return self.choices[0].finish_reason
+
+    @property
+    def content(self) -> str | None:
+        """The first choice's content, or None when it calls tools."""
+        return self.choices[0].content
+
+    @property
+    def system_fingerprint(self) -> str:
+        """`fp_` and 10 hex digits of the model's name (the same for every reply of a model)."""
+        return "fp_" + hashlib.blake2b(self.model.encode(), digest_size=5).hexdigest()
+
+    def usage(self) -> dict[str, Any]:
+        """The OpenAI `usage` object: the prompt once, the tokens of every choice."""
+        completion = sum(choice.completion_tokens for choice in self.choices)
+        usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+        reasoning = sum(choice.reasoning_tokens for choice in self.choices)
+        if reasoning:
+            usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+        return usage
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -202,9 +295,21 @@ def parse_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
             raise _bad(f"messages[{i}] must be an object with a valid role", "messages")
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise _bad("only n=1 is supported", "n")
+    n = _int_or_none(body, "n", 1) or 1
+    if n > MAX_CHOICES:
+        raise _bad(f"n must be at most {MAX_CHOICES}, got {n}", "n")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise _bad("logprobs must be a boolean", "logprobs")
+    top_logprobs = _int_or_none(body, "top_logprobs", 0)
+    if top_logprobs is not None:
+        if top_logprobs > MAX_TOP_LOGPROBS:
+            raise _bad(f"top_logprobs must be at most {MAX_TOP_LOGPROBS}, got {top_logprobs}", "top_logprobs")
+        if not logprobs:
+            raise _bad("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in REASONING_TOKENS:
+        raise _bad(f"reasoning_effort must be one of {sorted(REASONING_TOKENS)}, got {effort!r}", "reasoning_effort")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise _bad("stream must be a boolean", "stream")
@@ -249,6 +354,10 @@ def parse_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
         tool_choice=tool_choice,
         parallel_tool_calls=parallel_tool_calls,
         response_format=response_format,
+        n=n,
+        logprobs=bool(logprobs),
+        top_logprobs=top_logprobs or 0,
+        reasoning_tokens=0 if effort is None else REASONING_TOKENS[effort],
     )
 
 
@@ -385,10 +494,28 @@ def _json_object_schema(text: str) -> dict[str, Any]:
     }
 
 
+def _cached_tokens(request: ChatRequest) -> int:
+    """The prefix-cache hit: the earlier messages' prompt tokens, in whole blocks."""
+    earlier = count_prompt_tokens(request.messages[:-1])
+    return earlier // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS
+
+
 def plan_reply(request: ChatRequest) -> Plan:
     """Decide the complete reply to a validated request (see the module docstring)."""
-    rng = request_rng(request.model, request.messages, request.seed)
+    choices = []
+    for choice in range(request.n):
+        rng = request_rng(request.model, request.messages, request.seed, choice)
+        reply = _plan_choice(request, rng)
+        if request.logprobs:
+            entries = content_logprobs(reply.pieces, request.top_logprobs, random.Random(rng.getrandbits(64)))
+            reply = dataclasses.replace(reply, logprobs=entries)
+        choices.append(reply)
     prompt_tokens = count_prompt_tokens(request.messages, request.tools or None)
+    return Plan(request.model, prompt_tokens, tuple(choices), min(prompt_tokens, _cached_tokens(request)))
+
+
+def _plan_choice(request: ChatRequest, rng: random.Random) -> Reply:
+    """One choice, drawn from `rng` (see the module docstring)."""
     tools = _pick_tools(request)
     if tools:
         text = _last_user_text(request.messages)
@@ -398,7 +525,7 @@ def plan_reply(request: ChatRequest) -> Plan:
             arguments = _arguments(function, text, rng)
             call_id = f"call_{rng.getrandbits(96):024x}"
             calls.append(ToolCall(call_id, function["name"], arguments, tuple(json_pieces(arguments))))
-        return Plan(request.model, prompt_tokens, [], tuple(calls), "tool_calls")
+        return Reply([], tuple(calls), "tool_calls", reasoning_tokens=request.reasoning_tokens)
     cap = request.max_tokens
     schema = request.response_format
     if schema is _JSON_OBJECT_SCHEMA:  # json_object: the keys the prompt names, if any
@@ -417,7 +544,7 @@ def plan_reply(request: ChatRequest) -> Plan:
         pieces, cut = _apply_stop(pieces, request.stop)
         if cut:
             finish = "stop"
-    return Plan(request.model, prompt_tokens, pieces, (), finish)
+    return Reply(pieces, (), finish, reasoning_tokens=request.reasoning_tokens)
 
 
 def _apply_stop(pieces: list[str], stops: tuple[str, ...]) -> tuple[list[str], bool]:
@@ -437,105 +564,3 @@ def _apply_stop(pieces: list[str], stops: tuple[str, ...]) -> tuple[list[str], b
             out.append(piece[: end - used])
         break
     return out, True
-
-
-def completion_body(plan: Plan, completion_id: str, created: int) -> bytes:
-    """The non-streamed `chat.completion` JSON."""
-    message: dict[str, Any] = {"role": "assistant", "content": plan.content}
-    if plan.tool_calls:
-        message["tool_calls"] = [
-            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-            for call in plan.tool_calls
-        ]
-    return json.dumps(
-        {
-            "id": completion_id,
-            "object": "chat.completion",
-            "created": created,
-            "model": plan.model,
-            "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": plan.finish_reason}
-            ],
-            "usage": plan.usage(),
-        }
-    ).encode()
-
-
-_OPEN_TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'
-
-
-class ChunkEncoder:
-    """Encodes the SSE events of one streamed reply; a chunk costs one small `json.dumps`."""
-
-    __slots__ = ("_call_steps", "_completion_id", "_created", "_head", "_plan")
-
-    def __init__(self, plan: Plan, completion_id: str, created: int) -> None:
-        self._plan = plan
-        # per step of a tool-call reply: (call index, the call, argument fragment or None for its head)
-        self._call_steps: list[tuple[int, ToolCall, str | None]] = [
-            step
-            for index, call in enumerate(plan.tool_calls)
-            for step in [(index, call, None), *((index, call, piece) for piece in call.pieces)]
-        ]
-        self._completion_id = completion_id
-        self._created = created
-        self._head = (
-            f'data: {{"id":"{completion_id}","object":"chat.completion.chunk","created":{created},'
-            f'"model":{json.dumps(plan.model)},"choices":[{{"index":0,"delta":'
-        ).encode()
-
-    def delta(self, delta: Mapping[str, Any]) -> bytes:
-        """One `chat.completion.chunk` event carrying `delta`."""
-        return self._head + json.dumps(delta).encode() + _OPEN_TAIL
-
-    def step(self, index: int) -> bytes:
-        """The event of the index-th generated token (role chunk first when index is 0).
-
-        For tool calls, a call's head (index, id, type, name) is the step of its name, then
-        each argument fragment is a step; the calls follow one another.
-        """
-        plan = self._plan
-        if not self._call_steps:
-            event = b""
-            if index < len(plan.pieces):
-                content = json.dumps(plan.pieces[index]).encode()
-                event = self._head + b'{"content":' + content + b"}" + _OPEN_TAIL
-            if index == 0:
-                return self.delta({"role": "assistant", "content": ""}) + event
-            return event
-        position, call, piece = self._call_steps[index]
-        delta: dict[str, Any]
-        if piece is None:
-            function = {"name": call.name, "arguments": ""}
-            delta = {"index": position, "id": call.id, "type": "function", "function": function}
-        else:
-            delta = {"index": position, "function": {"arguments": piece}}
-        event = self.delta({"tool_calls": [delta]})
-        if index == 0:
-            return self.delta({"role": "assistant", "content": None}) + event
-        return event
-
-    @property
-    def steps(self) -> int:
-        """How many paced steps the reply has (at least one, for the role chunk)."""
-        return max(1, self._plan.completion_tokens)
-
-    def malformed(self) -> bytes:
-        """An event whose data is not valid JSON (a cut-off chunk)."""
-        return self._head + b'{"content": "unterminated\n\n'
-
-    def tail(self, include_usage: bool) -> bytes:
-        """The final chunk with finish_reason, the optional usage chunk, and `[DONE]`."""
-        plan = self._plan
-        out = self._head + b'{},"logprobs":null,"finish_reason":"' + plan.finish_reason.encode() + b'"}]}\n\n'
-        if include_usage:
-            usage = {
-                "id": self._completion_id,
-                "object": "chat.completion.chunk",
-                "created": self._created,
-                "model": plan.model,
-                "choices": [],
-                "usage": plan.usage(),
-            }
-            out += b"data: " + json.dumps(usage).encode() + b"\n\n"
-        return out + b"data: [DONE]\n\n"

@@ -50,9 +50,14 @@ _PROMPT_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 _JSON_PIECE_RE = re.compile(r"\s*(?:\w+|[^\w\s]+)|\s+$")
 
 
-def request_rng(model: str, messages: Sequence[Any], seed: int) -> random.Random:
-    """A generator seeded by (model, messages, seed): equal inputs give equal replies."""
-    blob = json.dumps([model, messages, seed], sort_keys=True, separators=(",", ":"), default=str)
+def request_rng(model: str, messages: Sequence[Any], seed: int, choice: int = 0) -> random.Random:
+    """A generator seeded by (model, messages, seed): equal inputs give equal replies.
+
+    `choice` > 0 gives the generator of another choice of the same request (`n` > 1); choice 0
+    is the generator of a request with `n` = 1, so its first choice is the same reply.
+    """
+    key: list[Any] = [model, messages, seed] if choice == 0 else [model, messages, seed, choice]
+    blob = json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)
     digest = hashlib.blake2b(blob.encode(), digest_size=8).digest()
     return random.Random(int.from_bytes(digest, "big"))
 

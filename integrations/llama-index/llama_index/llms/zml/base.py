@@ -1,28 +1,24 @@
 """``ZML``: a LlamaIndex function-calling LLM whose requests zml routes across a fleet.
 
 The four chat methods talk to zml natively. The completion methods are the same private chat
-methods under LlamaIndex's chat-to-completion converters, so each public call runs exactly one
+methods, their responses converted by LlamaIndex's ``chat_response_to_completion_response``
+(plus the logprobs, which it drops), so each public call runs exactly one
 callback/instrumentation wrapper: one LLM event, one token count. The zml clients are built on
-first use (a ``zml.toml`` is read then, not at construction) and kept as private attributes;
-the async client is rebuilt when it is used from another event loop, because its connections
-belong to the loop that opened them.
+first use (a ``zml.toml`` is read then, not at construction) by ``zml.LoopClients``, the
+adapters' shared toolkit: one sync client, and one async client per event loop (its
+connections belong to the loop that opened them), closed when that loop shuts down.
+
+Option names are LangChain's and LlamaIndex's own where they exist (``max_retries``), the same
+as langchain-zml's; an unknown constructor argument is refused rather than ignored.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llama_index.core.base.llms.generic_utils import (
-    achat_to_completion_decorator,
-    astream_chat_to_completion_decorator,
-    chat_to_completion_decorator,
-    stream_chat_to_completion_decorator,
-)
+from llama_index.core.base.llms.generic_utils import chat_response_to_completion_response
 from llama_index.core.base.llms.types import (
     ChatMessage,
     ChatResponse,
@@ -35,11 +31,19 @@ from llama_index.core.base.llms.types import (
     MessageRole,
     ToolCallBlock,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_serializer
+from llama_index.core.bridge.pydantic import (
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    field_serializer,
+    model_validator,
+)
 from llama_index.core.constants import DEFAULT_CONTEXT_WINDOW, DEFAULT_NUM_OUTPUTS
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
+from pydantic import InstanceOf
 
 import zml
 from llama_index.llms.zml.messages import to_zml_messages
@@ -51,10 +55,6 @@ if TYPE_CHECKING:
 __all__ = ["ZML"]
 
 DEFAULT_TIMEOUT = 600.0
-
-# Guards the lazy construction of the clients of every ZML instance (a lock per instance would
-# make instances unpicklable, and construction is rare).
-_CLIENT_LOCK = threading.Lock()
 
 
 class ZML(FunctionCallingLLM):
@@ -77,13 +77,18 @@ class ZML(FunctionCallingLLM):
     ``zml.InvalidRequestError`` rather than being dropped. zml's errors (``zml.RoutingError``
     with its ``routing_context``, ``zml.NodeError`` subclasses, ...) propagate unchanged.
 
-    In async code, ``await llm.aclose()`` when done. The async client serves one event loop;
-    used from another (sync code calling ``asyncio.run`` per call), it is replaced, and the
-    idle connections of the old loop's client are left to the garbage collector.
+    Token log-probabilities: ``logprobs=True`` (and ``top_logprobs=k``) fill
+    ``response.logprobs``, one list of ``LogProb`` per generated token, streamed too.
+
+    Each event loop gets its own async client, closed when the loop shuts down
+    (``asyncio.run`` per call works); ``await llm.aclose()`` closes the running loop's one
+    sooner.
     """
 
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
     model: str = Field(description="The model name, as the fleet's nodes serve it.", min_length=1)
-    policy: str | dict[str, Any] | zml.Policy | None = Field(
+    policy: str | InstanceOf[zml.Policy] | dict[str, Any] | None = Field(
         default=None,
         description=(
             "A routing policy: the name of a [policies.NAME] table of the configuration, a dict "
@@ -94,7 +99,7 @@ class ZML(FunctionCallingLLM):
         default=None,
         description="Pin one accelerator family instead of a policy (the zml 0.2 style).",
     )
-    api_key: str | None = Field(
+    api_key: SecretStr | None = Field(
         default=None,
         description="Bearer token for the nodes (default: $ZML_API_KEY). Never serialized.",
         exclude=True,
@@ -115,8 +120,19 @@ class ZML(FunctionCallingLLM):
         gt=0,
         description="Overall deadline of a request in seconds, failovers included (None: none).",
     )
-    max_attempts: int = Field(
-        default=3, ge=1, description="Dispatches per request at most, counting failovers."
+    max_retries: int = Field(
+        default=2,
+        ge=0,
+        description=(
+            "Failover attempts after the first dispatch: zml's max_attempts is max_retries + 1 "
+            "(the default 2 gives 3 dispatches at most)."
+        ),
+    )
+    logprobs: bool | None = Field(
+        default=None, description="Return token log-probabilities in response.logprobs."
+    )
+    top_logprobs: int | None = Field(
+        default=None, ge=0, le=20, description="Alternatives per token, with logprobs=True."
     )
     context_window: int = Field(
         default=DEFAULT_CONTEXT_WINDOW, gt=0, description="The model's context window, in tokens."
@@ -130,9 +146,17 @@ class ZML(FunctionCallingLLM):
         description="More OpenAI chat parameters sent with every request (top_p, seed, stop...).",
     )
 
-    _client: zml.Client | None = PrivateAttr(default=None)
-    _aclient: zml.AsyncClient | None = PrivateAttr(default=None)
-    _aclient_loop: weakref.ref[asyncio.AbstractEventLoop] | None = PrivateAttr(default=None)
+    _clients: zml.LoopClients = PrivateAttr(default_factory=zml.LoopClients)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_options(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "max_attempts" in data:
+            raise ValueError(
+                "max_attempts is now max_retries (failovers after the first dispatch): "
+                f"max_attempts={data['max_attempts']!r} is max_retries={data['max_attempts']!r} - 1"
+            )
+        return data
 
     @classmethod
     def class_name(cls) -> str:
@@ -156,43 +180,27 @@ class ZML(FunctionCallingLLM):
 
     # -- clients ------------------------------------------------------------------------------
 
-    def _client_kwargs(self) -> dict[str, Any]:
+    def _client_options(self) -> dict[str, Any]:
         return {
+            "api_key": self.api_key.get_secret_value() if self.api_key is not None else None,
             "config": self.config,
             "timeout": self.timeout,
-            "max_attempts": self.max_attempts,
+            "max_attempts": self.max_retries + 1,
         }
 
     def _get_client(self) -> zml.Client:
-        client = self._client
-        if client is None:
-            with _CLIENT_LOCK:
-                client = self._client
-                if client is None:
-                    client = self._client = zml.Client(self.api_key, **self._client_kwargs())
-        return client
+        return self._clients.sync(self._client_options)
 
     def _get_aclient(self) -> zml.AsyncClient:
-        loop = asyncio.get_running_loop()
-        client = self._aclient
-        if client is None or self._aclient_loop is None or self._aclient_loop() is not loop:
-            client = zml.AsyncClient(self.api_key, **self._client_kwargs())
-            self._aclient = client
-            self._aclient_loop = weakref.ref(loop)
-        return client
+        return self._clients.for_running_loop(self._client_options)
 
     def close(self) -> None:
         """Close the sync client's connections (a later call opens new ones)."""
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        self._clients.close()
 
     async def aclose(self) -> None:
-        """Close the async client's connections, and the sync client's."""
-        client, self._aclient = self._aclient, None
-        loop_ref, self._aclient_loop = self._aclient_loop, None
-        if client is not None and loop_ref is not None and loop_ref() is asyncio.get_running_loop():
-            await client.aclose()
+        """Close the running event loop's async client, and the sync client."""
+        await self._clients.aclose()
         self.close()
 
     # -- request ------------------------------------------------------------------------------
@@ -214,6 +222,10 @@ class ZML(FunctionCallingLLM):
             params["temperature"] = self.temperature
         if self.max_tokens is not None:
             params["max_tokens"] = self.max_tokens
+        if self.logprobs is not None:
+            params["logprobs"] = self.logprobs
+        if self.top_logprobs is not None:
+            params["top_logprobs"] = self.top_logprobs
         params.update(self.additional_kwargs)
         params.update(kwargs)
         model = params.pop("model", self.model)
@@ -286,25 +298,32 @@ class ZML(FunctionCallingLLM):
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return chat_to_completion_decorator(self._chat)(prompt, **kwargs)
+        return _completion(self._chat(_prompt(prompt), **kwargs))
 
     @llm_completion_callback()
     def stream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseGen:
-        return stream_chat_to_completion_decorator(self._stream_chat)(prompt, **kwargs)
+        responses = self._stream_chat(_prompt(prompt), **kwargs)
+        return (_completion(response) for response in responses)
 
     @llm_completion_callback()
     async def acomplete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
-        return await achat_to_completion_decorator(self._achat)(prompt, **kwargs)
+        return _completion(await self._achat(_prompt(prompt), **kwargs))
 
     @llm_completion_callback()
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
-        return await astream_chat_to_completion_decorator(self._astream_chat)(prompt, **kwargs)
+        responses = await self._astream_chat(_prompt(prompt), **kwargs)
+
+        async def gen() -> CompletionResponseAsyncGen:
+            async for response in responses:
+                yield _completion(response)
+
+        return gen()
 
     # -- function calling ---------------------------------------------------------------------
 
@@ -384,3 +403,16 @@ def _resolve_tool_choice(
     if isinstance(tool_choice, str) and tool_choice not in ("auto", "none", "required"):
         return {"type": "function", "function": {"name": tool_choice}}
     return tool_choice
+
+
+def _prompt(prompt: str) -> list[ChatMessage]:
+    return [ChatMessage(role=MessageRole.USER, content=prompt)]
+
+
+def _completion(response: ChatResponse) -> CompletionResponse:
+    """A chat response as a completion response: LlamaIndex's conversion, with the delta and
+    the logprobs kept."""
+    completion = chat_response_to_completion_response(response)
+    completion.delta = response.delta
+    completion.logprobs = response.logprobs
+    return completion
