@@ -56,6 +56,7 @@ import httpx2
 MODEL = "bench-model"
 MESSAGES = [{"role": "user", "content": "benchmark"}]
 LITELLM_DEFAULT = Path("/tmp/litellm-venv/bin/litellm")
+LITELLM_KEY = "sk-bench-3f9a1c7e5d2b8a604c1e9f7d3b5a2c8e"  # LiteLLM refuses to start open
 CONCURRENCY = (1, 64)
 MODES = ("json", "stream")
 KEEPALIVE_S = 3.0  # below uvicorn's 5 s keep-alive timeout: never reuse a connection being closed
@@ -237,6 +238,7 @@ def _litellm_config(folder: Path, node_port: int) -> Path:
         "  telemetry: false\n"
         "  drop_params: true\n"
         "general_settings:\n"
+        f"  master_key: {LITELLM_KEY}\n"
         "  disable_spend_logs: true\n")
     return path
 
@@ -254,7 +256,7 @@ def _body(mode: str) -> bytes:
 async def _run(target: Target, mode: str, concurrency: int, count: int,
                http: httpx2.AsyncClient) -> None:
     body = _body(mode)
-    headers = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+    headers = {"content-type": "application/json", "authorization": f"Bearer {LITELLM_KEY}"}
     latencies = target.latencies.setdefault((mode, concurrency), [])
     remaining = count
 
