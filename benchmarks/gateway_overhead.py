@@ -46,7 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,7 +85,7 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], what: str, timeout: floa
 @contextmanager
 def _process(args: list[str], health: str, what: str,
              env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    log = tempfile.NamedTemporaryFile(prefix="zml-bench-", suffix=".log", delete=False)
+    log = tempfile.NamedTemporaryFile(prefix="zml-bench-", suffix=".log", delete=False)  # noqa: SIM115 - kept for the run
     proc = subprocess.Popen(args, stdout=log, stderr=log, env=env)
     try:
         try:
@@ -120,10 +120,8 @@ def _cpu_seconds(pid: int) -> float:
         fields = stat[stat.rindex(")") + 2:].split()
         total += (int(fields[11]) + int(fields[12])) / ticks
         for task in Path(f"/proc/{p}/task").glob("*/children"):
-            try:
+            with suppress(OSError):
                 stack += [int(c) for c in task.read_text().split()]
-            except OSError:
-                pass
     return total
 
 

@@ -20,7 +20,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import zml
 from tests.conftest import MODEL
-from zml.sim import FaultSpec
 
 from .conftest import GATEWAY_KEY, NODE_KEY, GatewayServer
 
