@@ -163,3 +163,16 @@ def test_errors_are_openai_shaped() -> None:
     assert timeout.status == 504 and timeout.error["code"] == "deadline_exceeded"
     internal = reply_for(RuntimeError("boom"))
     assert internal.status == 500 and "boom" not in internal.body().decode()
+
+
+def test_every_gateway_key_is_on_the_configuration_page() -> None:
+    import re
+
+    from zml.gateway import Alias
+
+    text = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    for anchor, model in (("gateway", GatewaySettings), ("gateway-aliases", Alias)):
+        section = re.search(rf"\{{#{anchor}\}}\n(.*?)(?=\n## |\Z)", text, re.S)
+        assert section, anchor
+        documented = set(re.findall(r"^\| `([a-z_0-9]+)` \|", section.group(1), re.M))
+        assert documented == set(model.model_fields), anchor
