@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx2
+import pytest
 
 from tests.conftest import MODEL
 
@@ -96,8 +97,9 @@ async def test_leaving_while_queued_on_the_node_aborts_the_queued_request(
     await until(lambda: gw.gateway.client.fleet.in_flight == 0, "the gateway's slots")
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 async def test_leaving_while_queued_in_the_gateway_never_reaches_the_node(
-        serve_gateway: Make) -> None:
+        serve_gateway: Make, stream: bool) -> None:
     """queue_on_saturation: the request waits in the gateway's client for a slot."""
     policy = {"accelerator_chain": ["H100"], "queue_on_saturation": True,
               "max_queue_ms": 60_000}
@@ -108,7 +110,8 @@ async def test_leaving_while_queued_in_the_gateway_never_reaches_the_node(
         url = f"{gw.base_url}/chat/completions"
         async with http.stream("POST", url, json={**LONG, "stream": True}) as holder:
             assert holder.status_code == 200
-            queued = asyncio.create_task(http.post(url, json={**LONG, "max_tokens": 3}))
+            queued = asyncio.create_task(http.post(url, json={**LONG, "max_tokens": 3,
+                                                              "stream": stream}))
             await until(lambda: gw.gateway.metrics.registry.get_sample_value(
                 "zml_gateway_requests_in_flight") == 2,
                         "the second request to reach the gateway")
