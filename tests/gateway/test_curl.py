@@ -72,6 +72,7 @@ def test_curl_streams_sse_to_done(gw: GatewayServer) -> None:
 def test_curl_without_a_key_gets_401_and_ops_routes_need_none(gw: GatewayServer) -> None:
     headers, text, status = curl(f"{gw.base_url}/chat/completions", "-d", "{}")
     assert status == 401
+    assert headers["www-authenticate"] == "Bearer"
     assert json.loads(text)["error"]["code"] == "invalid_api_key"
     _, health, status = curl(f"{gw.url}/health")
     assert status == 200 and json.loads(health) == {"status": "ok"}
