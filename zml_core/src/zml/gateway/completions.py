@@ -185,6 +185,7 @@ class ChatCompletions:
         try:
             body = await _read_body(receive, gw.settings.max_body_bytes)
         except _TooLarge:
+            gw.metrics.finished(None, "", "", "invalid_request", False, 0.0)
             await send_error(send, invalid_request(
                 f"the request body is larger than {gw.settings.max_body_bytes} bytes "
                 "([gateway] max_body_bytes)", status=413))
@@ -199,7 +200,8 @@ class ChatCompletions:
         header_policy = None if policy_header is None else policy_header.decode("latin-1")
         selection = gw.selector.select(request.model, header_policy)
         if isinstance(selection, ErrorReply):
-            gw.metrics.finished(header_policy, "", "", selection.outcome, request.stream, 0.0)
+            # Not the header's value as a label: clients must not grow the metrics at will.
+            gw.metrics.finished(None, "", "", selection.outcome, request.stream, 0.0)
             await send_error(send, selection)
             return
         if key is not None and not key.allows(selection.policy):

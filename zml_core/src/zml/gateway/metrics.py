@@ -19,7 +19,9 @@ metric                                     type       labels
 ``outcome`` is ``ok``, ``cancelled`` (the client went away), ``routing_error``,
 ``invalid_request``, ``unauthorized``, ``forbidden``, ``node_error``, ``timeout``,
 ``stream_error`` (a stream broke after its first chunk) or ``error``. ``policy`` is empty for
-a request without a policy, ``family`` and ``node`` when no node was chosen.
+a request without a policy or refused before one was chosen (a client's header value is never
+a label: label values stay bounded by the configuration), ``family`` and ``node`` when no node
+was chosen.
 """
 
 from __future__ import annotations
