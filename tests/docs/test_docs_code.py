@@ -36,7 +36,8 @@ SEED_MARKER = "<!-- docs-test: seed-fleet -->"
 # check the page's hook sections).
 OWNED_ELSEWHERE = {"plugins.md"}
 RUN_LANGS = {"python", "pycon"}
-OTHER_LANGS = {"toml", "bash", "console", "text", "json", "ini", "yaml", "http", "mermaid", ""}
+OTHER_LANGS = {"toml", "bash", "console", "text", "json", "ini", "yaml", "http", "mermaid",
+               "javascript", ""}
 SNIPPET = re.compile(r'^\s*--8<--\s+"(?P<path>[^"]+)"\s*$')
 OPEN_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})\s*(?P<info>[^`]*)$")
 DOCTEST_FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
@@ -205,7 +206,12 @@ def _check_toml(data: dict[str, Any], where: str) -> None:
     from zml.policy import validate_policy_tables
 
     keys = _model_keys()
-    assert set(data) <= {"accelerators", "nodes", "policies"}, f"{where}: unknown table"
+    assert set(data) <= {"accelerators", "nodes", "policies", "gateway"}, f"{where}: unknown table"
+    if "gateway" in data:
+        from zml.config import Registry
+        from zml.gateway.settings import gateway_settings
+
+        gateway_settings(Registry(gateway=data["gateway"], source=where))
     for table in (data.get("accelerators") or {}).values():
         assert set(table) <= keys["accelerators"], f"{where}: {set(table)}"
     for node in data.get("nodes") or []:

@@ -21,6 +21,9 @@ variable > ``./zml.toml``. The file has three kinds of table::
     [policies.llama3-production] # the fields of zml.Policy
     accelerator_chain = ["H100", "MI300X"]
 
+    [gateway]                    # optional: settings of `zml serve` (validated by zml.gateway)
+    default_policy = "llama3-production"
+
 The *default registry* is the one ``zml.Policy(...)`` is validated against: the discovered
 file (``$ZML_CONFIG``, else ``./zml.toml``) plus the fleet-source plugins, re-read when the
 file changes (:func:`zml.plugins.fleet_sources.default_registry`). Each client validates the
@@ -68,6 +71,8 @@ __all__ = [
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NodeKind = Literal["vllm", "sglang", "tgi", "llamacpp", "openai"]
 ENV_CONFIG = "ZML_CONFIG"
+TABLES = ("accelerators", "nodes", "policies", "gateway")
+"""The top-level tables of ``zml.toml``."""
 
 
 class _Strict(BaseModel):
@@ -257,6 +262,7 @@ class ConfigFile(_Strict):
     accelerators: dict[str, AcceleratorConfig] = {}
     nodes: tuple[NodeConfig, ...] = ()
     policies: dict[str, dict[str, Any]] = {}
+    gateway: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -264,12 +270,14 @@ class Registry:
     """The fleet registry: accelerator families, nodes and named policies (raw tables).
 
     Built from a ``zml.toml`` and from fleet-source plugins. ``source`` is the file it came from.
+    ``gateway`` is the raw ``[gateway]`` table (validated by :mod:`zml.gateway` when served).
     """
 
     families: Mapping[str, AcceleratorConfig] = field(default_factory=dict)
     nodes: tuple[NodeConfig, ...] = ()
     policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     source: str | None = None
+    gateway: Mapping[str, Any] = field(default_factory=dict)
 
     def node(self, node_id: str) -> NodeConfig:
         """The node with this id (KeyError when there is none)."""
@@ -291,7 +299,7 @@ class Registry:
             merged.setdefault(name, acc)
         all_nodes = (*self.nodes, *nodes)
         _check_nodes(all_nodes, merged, origin)
-        return Registry(merged, all_nodes, self.policies, self.source)
+        return Registry(merged, all_nodes, self.policies, self.source, self.gateway)
 
 
 def suggest(value: str, choices: Iterable[str]) -> str | None:
@@ -344,13 +352,13 @@ def load_registry(path: str | os.PathLike[str]) -> Registry:
 def registry_from_mapping(data: Mapping[str, Any], *, source: str | None = None) -> Registry:
     """Validate an already-parsed configuration mapping into a :class:`Registry`."""
     where = source or "configuration"
-    unknown = set(data) - {"accelerators", "nodes", "policies"}
+    unknown = set(data) - set(TABLES)
     if unknown:
         key = sorted(unknown)[0]
-        hint = suggest(key, ["accelerators", "nodes", "policies"])
+        hint = suggest(key, TABLES)
         raise PolicyConfigError(
             f"{where}: unknown table [{key}]"
-            + (f"; did you mean [{hint}]?" if hint else "; expected accelerators, nodes, policies"),
+            + (f"; did you mean [{hint}]?" if hint else f"; expected {', '.join(TABLES)}"),
             field=key,
             value=key,
             suggestion=hint,
@@ -364,7 +372,8 @@ def registry_from_mapping(data: Mapping[str, Any], *, source: str | None = None)
         raise PolicyConfigError(f"{where}: {exc}", field=exc.field, value=exc.value,
                                 source=source) from None
     _check_nodes(parsed.nodes, parsed.accelerators, where)
-    return Registry(dict(parsed.accelerators), parsed.nodes, dict(parsed.policies), source)
+    return Registry(dict(parsed.accelerators), parsed.nodes, dict(parsed.policies), source,
+                    dict(parsed.gateway))
 
 
 def _check_nodes(

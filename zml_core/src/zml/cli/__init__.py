@@ -3,6 +3,7 @@
 ``zml demo``                     the main job: a simulated fleet, a burst of traffic, where it went
 ``zml sim serve CONFIG``         serve a config's loopback nodes as simulated vLLM nodes
 ``zml sim replay TRACE``         replay a request trace in virtual time, compare routings
+``zml serve``                    the gateway: an OpenAI-compatible endpoint over the config's fleet
 ``zml route --policy P --model M [--explain]``   which node would take a request now, and why
 ``zml policy check``             validate the config and list its policies
 ``zml fleet status``             probe every node (/health, /metrics) and show live state
@@ -45,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     from zml.cli.replay import add_replay_parser
 
     add_replay_parser(sim_sub)
+
+    gateway = sub.add_parser("serve", help="serve the OpenAI-compatible gateway (docs: gateway)")
+    gateway.add_argument("--config")
+    gateway.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    gateway.add_argument("--port", type=int, default=8400, help="port (default 8400)")
+    gateway.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
 
     route = sub.add_parser("route", help="dry run: which node would take a request now")
     route.add_argument("--policy", help="a policy name from the config (default: no policy)")
@@ -96,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from zml.cli.demo import run_demo
 
             return run_demo(directory=args.dir, burst=args.requests, time_scale=args.time_scale)
+        if args.command == "serve":
+            from zml.gateway.server import serve
+
+            return serve(args.config, host=args.host, port=args.port, workers=args.workers)
         from zml.cli import commands
 
         if args.command == "sim":

@@ -51,7 +51,7 @@ def collect_fleet_sources(pm: PluginManager, config: Registry) -> list[FleetSour
 def build_registry(pm: PluginManager, config: Registry) -> Registry:
     """The client's registry: ``config``'s policy tables, plus the fleet sources' families and
     nodes, merged in order (raises PolicyConfigError naming the source on a bad entry)."""
-    registry = Registry({}, (), config.policies, config.source)
+    registry = Registry({}, (), config.policies, config.source, config.gateway)
     for source in collect_fleet_sources(pm, config):
         where = f"fleet source {source_name(source)!r}"
         families = {

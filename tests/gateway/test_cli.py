@@ -1,0 +1,105 @@
+"""``zml serve`` as a command: it serves a config, and refuses a bad one with a clear message."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx2
+
+from tests.conftest import MODEL, SimSetup
+
+ROOT = Path(__file__).parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if not k.startswith("ZML_")}
+    out.update(extra)
+    return out
+
+
+def start_serve(config: Path, port: int, *extra: str,
+                environ: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "zml", "serve", "--config", str(config), "--port", str(port),
+         *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=environ or env(), cwd=str(ROOT))
+
+
+def wait_ready(proc: subprocess.Popen[str], url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"zml serve exited: {proc.communicate(timeout=10)[1]}")
+        try:
+            if httpx2.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx2.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("zml serve did not start")
+        time.sleep(0.05)
+
+
+def stop(proc: subprocess.Popen[str]) -> str:
+    proc.terminate()
+    try:
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    return err
+
+
+def test_zml_serve_serves_the_config_with_several_workers(
+        sim_fleet: Callable[..., SimSetup]) -> None:
+    setup = sim_fleet([{"id": "gpu", "family": "H100", "max_concurrency": 4}],
+                      {"p": {"accelerator_chain": ["H100"]}}, time_scale=0.05)
+    setup.path.write_text(setup.path.read_text() + '\n[gateway]\ndefault_policy = "p"\n')
+    port = free_port()
+    proc = start_serve(setup.path, port, "--workers", "2")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(proc, url)
+        for _ in range(4):
+            r = httpx2.post(f"{url}/v1/chat/completions", timeout=30,
+                            json={"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                  "max_tokens": 2})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-zml-policy"] == "p"
+    finally:
+        err = stop(proc)
+    assert "with 2 workers" in err
+
+
+def test_zml_serve_refuses_a_bad_gateway_table_with_one_message(tmp_path: Path,
+                                                                sim_fleet: Any) -> None:
+    setup = sim_fleet([{"id": "gpu", "family": "H100", "max_concurrency": 1}])
+    setup.path.write_text(setup.path.read_text() + '\n[gateway]\ndefault_polcy = "p"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "zml", "serve", "--config", str(setup.path), "--port",
+         str(free_port())], capture_output=True, text=True, env=env(), timeout=60,
+        check=False, cwd=str(ROOT))
+    assert result.returncode == 2
+    assert "default_polcy" in result.stderr and "default_policy" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_zml_serve_without_a_config_says_how_to_give_one(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "zml", "serve"], capture_output=True,
+                            text=True, env=env(), timeout=60, check=False, cwd=str(tmp_path))
+    assert result.returncode == 2
+    assert "--config" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,208 @@
+"""The gateway's ASGI application: ``create_app(config)`` builds it, uvicorn serves it.
+
+One :class:`zml.AsyncClient` per app does all routing, failover and accounting, exactly as in a
+Python program; the app adds only what HTTP callers need: auth with gateway keys, the choice
+of policy from a header or an alias, routing metadata in headers and bodies, OpenAI-shaped
+errors and Prometheus metrics. Routes:
+
+=============================  ===============================================================
+``POST /v1/chat/completions``  chat completions, JSON or SSE (:mod:`zml.gateway.completions`)
+``GET /v1/models``             the served models and the aliases (OpenAI's list shape)
+``GET /health``                200 while the process is up
+``GET /ready``                 200 when at least one node is viable, else 503
+``GET /metrics``               Prometheus text (:mod:`zml.gateway.metrics`)
+=============================  ===============================================================
+
+``/v1/*`` need a gateway key when keys are configured; ``/health``, ``/ready`` and
+``/metrics`` are for the operator's probes and scrapers and need none.
+
+Everything an app holds lives on its :class:`Gateway` (no module-level state), so several
+apps can run in one process, each with its own client, fleet state and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx2
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from zml.client import AsyncClient
+from zml.config import Registry, discover_path, load_registry
+from zml.errors import PolicyConfigError
+
+from .auth import KeyRing
+from .completions import ChatCompletions
+from .errors import error_reply
+from .metrics import CONTENT_TYPE, GatewayMetrics
+from .selection import Selector
+from .settings import NODE_KEY_ENV, GatewaySettings, gateway_settings
+
+__all__ = ["Gateway", "create_app"]
+
+logger = logging.getLogger("zml.gateway")
+
+READY_TIMEOUT_S = 1.0
+"""How long ``/ready`` waits for a node's ``/health``."""
+READY_CACHE_S = 1.0
+"""How long a ``/ready`` answer is reused (probes from many replicas stay cheap)."""
+
+
+class Gateway:
+    """Everything one gateway app holds: its client, settings, keys, selector and metrics."""
+
+    def __init__(self, client: AsyncClient, settings: GatewaySettings, keys: KeyRing,
+                 selector: Selector, source: str | None) -> None:
+        self.client = client
+        self.settings = settings
+        self.keys = keys
+        self.selector = selector
+        self.source = source
+        self.metrics = GatewayMetrics(client.fleet.status)
+        self.http: httpx2.AsyncClient | None = None
+        self._ready: tuple[float, bool, list[dict[str, Any]]] | None = None
+
+    async def readiness(self) -> tuple[bool, list[dict[str, Any]]]:
+        """Whether at least one node answers ``/health`` and zml's fleet state does not count
+        it out (circuit open), with each node's state."""
+        now = time.monotonic()
+        if self._ready is not None and now - self._ready[0] < READY_CACHE_S:
+            return self._ready[1], self._ready[2]
+        status = self.client.fleet.status()
+        ups = await asyncio.gather(*(self._up(str(node["url"])) for node in status))
+        nodes = [{"id": node["id"], "family": node["family"], "up": up,
+                  "circuit": node["circuit"], "health": node["health"]}
+                 for node, up in zip(status, ups, strict=True)]
+        ready = any(n["up"] and n["circuit"] != "open" for n in nodes)
+        self._ready = (now, ready, nodes)
+        return ready, nodes
+
+    async def _up(self, url: str) -> bool:
+        http = self.http
+        if http is None:
+            return False
+        try:
+            r = await http.get(f"{url}/health", timeout=READY_TIMEOUT_S)
+        except httpx2.HTTPError:
+            return False
+        return r.status_code == 200
+
+    def authorized(self, request: Request) -> bool:
+        """Whether a non-chat ``/v1`` request may proceed."""
+        if not self.keys.enabled:
+            return True
+        header = request.headers.get("authorization")
+        return self.keys.authenticate(None if header is None else header.encode("latin-1")) \
+            is not None
+
+
+def _registry(config: str | os.PathLike[str] | Registry | None) -> Registry:
+    if isinstance(config, Registry):
+        return config
+    path = discover_path(config)
+    if path is None:
+        raise PolicyConfigError(
+            "no zml.toml found: pass --config PATH, set ZML_CONFIG, or run where a zml.toml is",
+            field="config",
+        )
+    return load_registry(path)
+
+
+def create_app(config: str | os.PathLike[str] | Registry | None = None, *,
+               environ: Mapping[str, str] | None = None,
+               probe_interval_s: float | None = 2.0) -> Starlette:
+    """Build a gateway app over a ``zml.toml`` (path, Registry, or discovered as the SDK does).
+
+    Args:
+        config: the configuration; its ``[gateway]`` table configures the gateway.
+        environ: where gateway keys (``api_keys_env``) and the node key (``ZML_API_KEY``) are
+            read (default: ``os.environ``).
+        probe_interval_s: passed to :class:`zml.AsyncClient` (node probes feed routing).
+
+    Raises:
+        PolicyConfigError: the configuration, its ``[gateway]`` table or a key file is invalid,
+            or an alias or ``default_policy`` names an unknown model or policy.
+    """
+    env = os.environ if environ is None else environ
+    registry = _registry(config)
+    settings = gateway_settings(registry)
+    keys = KeyRing.from_settings(settings, registry.source, env)
+    client = AsyncClient(env.get(NODE_KEY_ENV), config=registry,
+                         probe_interval_s=probe_interval_s)
+    served = {model for node in client.registry.nodes for model in node.models}
+    selector = Selector(settings, served, client.policies)
+    selector.check(registry.source)
+    gateway = Gateway(client, settings, keys, selector, registry.source)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        logger.info("zml gateway: %d nodes, %d policies, %s", len(client.registry.nodes),
+                    len(client.policies),
+                    f"{len(keys)} gateway keys" if keys.enabled else "no gateway keys (open)")
+        async with httpx2.AsyncClient() as http:
+            gateway.http = http
+            try:
+                yield
+            finally:
+                gateway.http = None
+                await client.aclose()
+
+    async def models(request: Request) -> Response:
+        if not gateway.authorized(request):
+            return _error(401, "a valid gateway API key is required", "invalid_api_key")
+        data = []
+        for name, alias in selector.models().items():
+            entry: dict[str, Any] = {"id": name, "object": "model", "created": 0,
+                                     "owned_by": "zml"}
+            if alias is not None:
+                entry["zml_alias"] = {"model": alias[0], "policy": alias[1]}
+            data.append(entry)
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(request: Request) -> Response:
+        ok, nodes = await gateway.readiness()
+        return JSONResponse({"ready": ok, "nodes": nodes}, status_code=200 if ok else 503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(gateway.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        code = "not_found" if exc.status_code == 404 else "method_not_allowed" \
+            if exc.status_code == 405 else None
+        return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                      code)
+
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", ChatCompletions(gateway), methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/ready", ready, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error},
+    )
+    app.state.gateway = gateway
+    return app
+
+
+def _error(status: int, message: str, code: str | None) -> Response:
+    reply = error_reply(status, message, "invalid_request_error", code=code)
+    headers = {"www-authenticate": "Bearer"} if status == 401 else None
+    return Response(reply.body(), status_code=status, media_type="application/json",
+                    headers=headers)

@@ -1,0 +1,351 @@
+"""``POST /v1/chat/completions``: one OpenAI request in, one ``AsyncClient`` call, one answer out.
+
+This is the hot path, written as a plain ASGI callable (no request/response objects): the body
+is parsed once, handed to ``infer`` / ``infer_stream`` (every field besides ``model``,
+``messages``, ``stream`` and ``metadata`` is passed through to the node as ``infer`` passes
+``extra_body``), and the answer is serialised once by pydantic's Rust serializer, with
+``zml_routing`` spliced in. Chunks are not validated again: the client built them from the
+node's JSON without validation.
+
+``metadata`` (a JSON object) becomes the call's zml metadata (labels for plugins and
+chargeback, echoed in ``zml_routing.metadata``) rather than a node parameter.
+
+Streams: the response starts (status 200 and the ``x-zml-*`` headers) once the request has a
+node and its first chunk; failover happens before that, so an error before it is an ordinary
+HTTP error. The usage chunk is passed on only when ``stream_options.include_usage`` asked for
+it (zml always asks the node, for its own accounting). The final chunk (the usage chunk, else
+the one with ``finish_reason``) is held back until the stream ends, to carry ``zml_routing``.
+A failure after the first chunk ends the stream with an SSE error event in OpenAI's error shape
+and no ``[DONE]``: never a silent short stream.
+
+Disconnects: a watcher task reads ``receive()`` while the request runs; when the client goes
+away (queued, waiting for the node, or mid-stream) it cancels the request, and the client
+closes the node connection, which is how the node learns to drop the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from zml.types import ChatCompletion, ChatCompletionChunk
+
+from .errors import ErrorReply, error_reply, invalid_request, reply_for
+from .headers import routing_headers, routing_json, with_routing
+from .selection import Selection
+
+if TYPE_CHECKING:
+    from .app import Gateway
+    from .auth import GatewayKey
+
+__all__ = ["ChatCompletions"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_JSON = (b"content-type", b"application/json")
+_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+        (b"x-accel-buffering", b"no")]
+_RESERVED = frozenset({"model", "messages", "stream", "metadata"})
+_NO_ROUTING = {"routing"}
+_COMPLETION = ChatCompletion.__pydantic_serializer__
+_CHUNK = ChatCompletionChunk.__pydantic_serializer__
+_DONE = b"data: [DONE]\n\n"
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Guard:
+    """Shared by a request and its disconnect watcher."""
+
+    __slots__ = ("active", "fired")
+
+    def __init__(self) -> None:
+        self.active = True
+        self.fired = False
+
+
+async def _watch(receive: Receive, task: asyncio.Task[Any], guard: _Guard) -> None:
+    while True:
+        try:
+            message = await receive()
+        except Exception:  # a server whose receive() fails has lost the connection
+            message = {"type": "http.disconnect"}
+        if message["type"] == "http.disconnect":
+            if guard.active:
+                guard.fired = True
+                task.cancel()
+            return
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The request body, or None when the client went away first."""
+    first = await receive()
+    if first["type"] == "http.disconnect":
+        return None
+    body: bytes = first.get("body", b"")
+    if not first.get("more_body"):
+        if len(body) > limit:
+            raise _TooLarge
+        return body
+    parts = [body]
+    size = len(body)
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        parts.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(parts)
+
+
+async def send_error(send: Send, reply: ErrorReply) -> None:
+    """Answer with an OpenAI-shaped error."""
+    body = reply.body()
+    await send({"type": "http.response.start", "status": reply.status,
+                "headers": [_JSON, (b"content-length", str(len(body)).encode()),
+                            *reply.headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _Request:
+    """One parsed chat request."""
+
+    __slots__ = ("extra", "messages", "metadata", "model", "stream", "want_usage")
+
+    def __init__(self, model: object, messages: Any, stream: bool, want_usage: bool,
+                 metadata: dict[str, Any] | None, extra: dict[str, Any]) -> None:
+        self.model = model
+        self.messages = messages
+        self.stream = stream
+        self.want_usage = want_usage
+        self.metadata = metadata
+        self.extra = extra
+
+
+def _parse(body: bytes) -> _Request | ErrorReply:
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        return invalid_request(f"the request body is not valid JSON: {exc}")
+    if not isinstance(data, dict):
+        return invalid_request("the request body must be a JSON object")
+    stream = data.get("stream", False)
+    if not isinstance(stream, bool):
+        return invalid_request("'stream' must be true or false", "stream")
+    metadata = data.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        return invalid_request("'metadata' must be a JSON object", "metadata")
+    if "messages" not in data:
+        return invalid_request("'messages' is required", "messages")
+    options = data.get("stream_options")
+    want_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+    extra = {k: v for k, v in data.items() if k not in _RESERVED}
+    return _Request(data.get("model"), data["messages"], stream, want_usage, metadata, extra)
+
+
+class ChatCompletions:
+    """The ASGI endpoint of ``POST /v1/chat/completions``."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gw = self.gateway
+        started = time.perf_counter()
+        authorization = policy_header = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"x-zml-policy":
+                policy_header = value
+        key: GatewayKey | None = None
+        if gw.keys.enabled:
+            key = gw.keys.authenticate(authorization)
+            if key is None:
+                gw.metrics.finished(None, "", "", "unauthorized", False, 0.0)
+                await send_error(send, error_reply(
+                    401, "a valid gateway API key is required: send 'Authorization: Bearer "
+                    "<key>' with a key the gateway's operator issued", "invalid_request_error",
+                    code="invalid_api_key", headers=[(b"www-authenticate", b"Bearer")],
+                    outcome="unauthorized"))
+                return
+        try:
+            body = await _read_body(receive, gw.settings.max_body_bytes)
+        except _TooLarge:
+            gw.metrics.finished(None, "", "", "invalid_request", False, 0.0)
+            await send_error(send, invalid_request(
+                f"the request body is larger than {gw.settings.max_body_bytes} bytes "
+                "([gateway] max_body_bytes)", status=413))
+            return
+        if body is None:
+            return
+        request = _parse(body)
+        if isinstance(request, ErrorReply):
+            gw.metrics.finished(None, "", "", request.outcome, False, 0.0)
+            await send_error(send, request)
+            return
+        header_policy = None if policy_header is None else policy_header.decode("latin-1")
+        selection = gw.selector.select(request.model, header_policy)
+        if isinstance(selection, ErrorReply):
+            # Not the header's value as a label: clients must not grow the metrics at will.
+            gw.metrics.finished(None, "", "", selection.outcome, request.stream, 0.0)
+            await send_error(send, selection)
+            return
+        if key is not None and not key.allows(selection.policy):
+            allowed = ", ".join(sorted(key.policies or ())) or "none"
+            gw.metrics.finished(selection.policy, "", "", "forbidden", request.stream, 0.0)
+            await send_error(send, error_reply(
+                403, "this gateway key may not use "
+                + (f"policy {selection.policy!r}" if selection.policy else "requests without "
+                   "a policy") + f" (allowed policies: {allowed})", "permission_error",
+                code="policy_not_allowed",
+                param="x-zml-policy" if header_policy is not None else "model",
+                outcome="forbidden"))
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        guard = _Guard()
+        watcher = asyncio.ensure_future(_watch(receive, task, guard))
+        gw.metrics.in_flight.inc()
+        outcome = Outcome(selection.policy)
+        try:
+            if request.stream:
+                await self._stream(request, selection, send, guard, started, outcome)
+            else:
+                await self._json(request, selection, send, guard, outcome)
+        except asyncio.CancelledError:
+            if not guard.fired:
+                raise
+            if sys.version_info >= (3, 11):
+                task.uncancel()
+            outcome.kind = "cancelled"
+        finally:
+            guard.active = False
+            watcher.cancel()
+            gw.metrics.in_flight.dec()
+            gw.metrics.finished(outcome.policy, outcome.family, outcome.node, outcome.kind,
+                                request.stream, time.perf_counter() - started)
+
+    async def _json(self, request: _Request, selection: Selection, send: Send, guard: _Guard,
+                    outcome: Outcome) -> None:
+        client = self.gateway.client
+        try:
+            completion = await client.infer(
+                selection.model, request.messages, policy=selection.policy,
+                metadata=request.metadata, extra_body=request.extra)
+        except Exception as exc:
+            reply = reply_for(exc)
+            outcome.failed(reply, getattr(exc, "routing", None))
+            guard.active = False
+            await send_error(send, reply)
+            return
+        routing = completion.routing
+        outcome.served(routing)
+        body = with_routing(_COMPLETION.to_json(completion, exclude=_NO_ROUTING),
+                            routing_json(routing))
+        headers = [_JSON, (b"content-length", str(len(body)).encode()),
+                   *routing_headers(routing)]
+        guard.active = False
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _stream(self, request: _Request, selection: Selection, send: Send, guard: _Guard,
+                      started: float, outcome: Outcome) -> None:
+        gw = self.gateway
+        stream = gw.client.infer_stream(
+            selection.model, request.messages, policy=selection.policy,
+            metadata=request.metadata, extra_body=request.extra)
+        try:
+            await stream.__aenter__()
+        except Exception as exc:
+            reply = reply_for(exc)
+            outcome.failed(reply, getattr(exc, "routing", None))
+            guard.active = False
+            await send_error(send, reply)
+            return
+        try:
+            routing = stream.routing
+            assert routing is not None
+            outcome.served(routing)
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [*_SSE, *routing_headers(routing)]})
+            want_usage = request.want_usage
+            held: bytes | None = None
+            last: ChatCompletionChunk | None = None
+            first = True
+            try:
+                async for chunk in stream:
+                    if chunk.usage is not None and not chunk.choices and not want_usage:
+                        continue
+                    data = _CHUNK.to_json(chunk, exclude=_NO_ROUTING)
+                    last = chunk
+                    if held is not None:
+                        await send({"type": "http.response.body",
+                                    "body": b"data: " + held + b"\n\n", "more_body": True})
+                        held = None
+                    if chunk.usage is not None or any(c.finish_reason for c in chunk.choices):
+                        held = data
+                        continue
+                    await send({"type": "http.response.body", "body": b"data: " + data + b"\n\n",
+                                "more_body": True})
+                    if first:
+                        first = False
+                        gw.metrics.ttft.labels(outcome.policy or "", outcome.family).observe(
+                            time.perf_counter() - started)
+            except Exception as exc:  # after the first chunk: an error event, never silence
+                reply = reply_for(exc)
+                outcome.kind = "stream_error"
+                tail = b"" if held is None else b"data: " + held + b"\n\n"
+                guard.active = False
+                await send({"type": "http.response.body", "body": tail + reply.sse_event()})
+                return
+            if held is None:
+                held = _closing_chunk(last)
+            final = b"data: " + with_routing(held, routing_json(routing)) + b"\n\n" + _DONE
+            guard.active = False
+            await send({"type": "http.response.body", "body": final})
+        finally:
+            await stream.__aexit__(None, None, None)
+
+
+def _closing_chunk(last: ChatCompletionChunk | None) -> bytes:
+    """A chunk with no choices, to carry ``zml_routing`` when no chunk was final."""
+    head = {"id": "", "object": "chat.completion.chunk", "created": 0, "model": "",
+            "choices": []}
+    if last is not None:
+        head.update(id=last.id, created=last.created, model=last.model)
+    return json.dumps(head, separators=(",", ":")).encode()
+
+
+class Outcome:
+    """How a request ended, for the metrics."""
+
+    __slots__ = ("family", "kind", "node", "policy")
+
+    def __init__(self, policy: str | None) -> None:
+        self.policy = policy
+        self.family = ""
+        self.node = ""
+        self.kind = "ok"
+
+    def served(self, routing: Any) -> None:
+        self.family = routing.accelerator
+        self.node = routing.node_id
+
+    def failed(self, reply: ErrorReply, routing: Any) -> None:
+        self.kind = reply.outcome
+        if routing is not None:
+            self.served(routing)

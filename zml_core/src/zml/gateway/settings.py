@@ -1,0 +1,105 @@
+"""The ``[gateway]`` table of ``zml.toml``: what ``zml serve`` reads besides the fleet.
+
+``zml.config`` keeps the table as a raw mapping on the :class:`~zml.Registry` (the SDK itself
+never reads it); it is validated here, when a gateway is built, so that a typo in it fails
+``zml serve`` at start with the key and the bad value, like every other configuration error::
+
+    [gateway]
+    default_policy = "llama3-production"   # when neither the header nor an alias names one
+    api_keys_env = "ZML_GATEWAY_KEYS"      # comma-separated gateway keys in this variable
+    api_keys_file = "gateway-keys.txt"     # and/or SHA-256 hashes in a file (see zml.gateway.auth)
+    max_body_bytes = 4194304               # larger request bodies get 413
+
+    [gateway.aliases]
+    "chat" = { model = "meta-llama/llama-3-8b-instruct", policy = "llama3-production" }
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from zml.config import Registry, first_error, suggest
+from zml.errors import PolicyConfigError
+
+__all__ = ["Alias", "GatewaySettings", "gateway_settings"]
+
+NODE_KEY_ENV = "ZML_API_KEY"
+"""Where the node key comes from (the client's default); gateway keys must live elsewhere."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Alias(_Strict):
+    """``[gateway.aliases] NAME = {model = ..., policy = ...}``: a model name clients may send."""
+
+    model: str = Field(min_length=1)
+    """The model the nodes serve."""
+    policy: str | None = None
+    """The policy requests under this alias use (None: the header's or ``default_policy``)."""
+
+
+class GatewaySettings(_Strict):
+    """The validated ``[gateway]`` table (every key optional)."""
+
+    default_policy: str | None = None
+    """The policy of a request whose header and model name none (None: no policy, 0.2 style)."""
+    aliases: dict[str, Alias] = {}
+    """Model names served by the gateway that stand for a model and, optionally, a policy."""
+    api_keys_env: str | None = None
+    """An environment variable holding the gateway keys, comma-separated."""
+    api_keys_file: str | None = None
+    """A file of SHA-256 hashes of gateway keys, relative to the config file's folder."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """The largest request body accepted (413 beyond)."""
+
+    @field_validator("api_keys_env")
+    @classmethod
+    def _not_the_node_key(cls, value: str | None) -> str | None:
+        if value is not None and (not value or value == NODE_KEY_ENV):
+            raise ValueError(
+                f"must name a variable other than {NODE_KEY_ENV} (the key zml sends to nodes): "
+                "gateway keys and node keys are kept apart"
+            )
+        return value
+
+    @property
+    def auth_configured(self) -> bool:
+        """Whether gateway keys are configured (requests then need a valid Bearer key)."""
+        return self.api_keys_env is not None or self.api_keys_file is not None
+
+    def keys_file(self, source: str | None) -> Path | None:
+        """``api_keys_file`` resolved against the folder of the config file ``source``."""
+        if self.api_keys_file is None:
+            return None
+        path = Path(self.api_keys_file).expanduser()
+        if not path.is_absolute() and source is not None:
+            path = Path(source).resolve().parent / path
+        return path
+
+
+def gateway_settings(registry: Registry) -> GatewaySettings:
+    """Validate ``registry.gateway``; a bad key raises PolicyConfigError naming it."""
+    where = registry.source or "configuration"
+    data: Any = dict(registry.gateway)
+    try:
+        return GatewaySettings.model_validate(data)
+    except ValidationError as exc:
+        err = first_error(exc)
+        loc = "gateway" + "".join(f".{part}" for part in err["loc"])
+        hint: str | None = None
+        if err["type"] == "extra_forbidden":
+            key = str(err["loc"][-1])
+            known = Alias.model_fields if "aliases" in err["loc"] else GatewaySettings.model_fields
+            hint = suggest(key, known)
+            msg = f"{where}: unknown key {loc}" + (f"; did you mean {hint!r}?" if hint else "")
+        elif err["type"] == "missing":
+            msg = f"{where}: {loc} is required"
+        else:
+            msg = f"{where}: {loc} = {err.get('input')!r}: {err['msg']}"
+        raise PolicyConfigError(msg, field=loc, value=err.get("input"), suggestion=hint,
+                                source=registry.source) from None
