@@ -313,3 +313,28 @@ def test_after_the_first_token_a_failure_is_not_retried() -> None:
     assert h.sent == [step.node.id] and err.node_id == step.node.id
     assert step.node.in_flight == 0 and step.node.health < 1.0
     assert call.record.outcome == "failed"
+
+
+def test_joining_the_queue_notifies_zml_request_queued_once() -> None:
+    from zml.plugins.manager import PluginManager
+
+    seen: list[tuple[str, int]] = []
+
+    class Plugin:
+        @zml.hookimpl
+        def zml_request_queued(self, policy: str, depth: int) -> None:
+            seen.append((policy, depth))
+
+    pm = PluginManager()
+    pm.register(Plugin(), name="queued")
+    h = Harness(registry(("a", "H100", 1)))
+    h.d = Dispatcher(h.reg, {}, api_key=None, timeouts=Timeouts(total=10.0), clock=h.clock,
+                     plugins=pm)
+    policy = h.policy(accelerator_chain=["H100"], queue_on_saturation=True)
+    h.run(h.call(policy), script({"ok": 1}))  # holds the only slot
+    waiting = h.call(policy)
+    flow = waiting.flow()
+    assert isinstance(waiting.advance(flow, None)[0], Wait)
+    assert isinstance(waiting.advance(flow, None)[0], Wait)  # still waiting: no second event
+    assert seen == [("p", 1)]
+    waiting.ended(None)

@@ -258,6 +258,7 @@ def _enqueue(req: Request, rec: Record, now: float,
         raise RoutingError(context)
     if rec.queued_at is not None:
         return  # back in line after a refused lease: the first wait still counts
+    yield Notify("zml_request_queued", {"policy": policy.name, "depth": joined})
     rec.queued_at = now
     limit = now + policy.max_queue_ms / 1e3 if policy.max_queue_ms else None
     deadline = req.deadline

@@ -15,7 +15,7 @@ operation          what the driver does                        what the flow rec
                    said the node is full)
 ``Mark(...)``      records a node's success or failure         None
 ``Notify(...)``    calls a plugin hook                         the hook's result
-``Enqueue(...)``   joins the policy's saturation queue         False when it is full
+``Enqueue(...)``   joins the policy's saturation queue         the depth, 0 when it is full
 ``Dequeue(...)``   leaves it                                   None
 ``Wait(...)``      sleeps until ``until`` (or a queue wake-up) None
 ``Lease(...)``     asks the cross-process ledger for a lease   bool (granted)

@@ -91,16 +91,18 @@ class SaturationQueues:
             return False
         return next(iter(queue)) is not ticket
 
-    def join(self, ticket: Ticket) -> bool:
-        """Add ``ticket`` at the back; False when its policy already has QUEUE_LIMIT queued."""
+    def join(self, ticket: Ticket) -> int:
+        """Add ``ticket`` at the back; return the policy's queue depth with it, or 0 when the
+        policy already has QUEUE_LIMIT queued (nothing is added)."""
         policy = ticket.key[0]
         with self._lock:
-            if self._per_policy.get(policy, 0) >= QUEUE_LIMIT:
-                return False
+            depth = self._per_policy.get(policy, 0)
+            if depth >= QUEUE_LIMIT:
+                return 0
             self._queues.setdefault(ticket.key, {})[ticket] = None
-            self._per_policy[policy] = self._per_policy.get(policy, 0) + 1
+            self._per_policy[policy] = depth + 1
             ticket.queued = True
-        return True
+        return depth + 1
 
     def leave(self, ticket: Ticket) -> None:
         """Remove ``ticket`` (if queued); wake the new head when it was first in line."""

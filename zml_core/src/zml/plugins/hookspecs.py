@@ -329,6 +329,27 @@ def zml_request_cancelled(call: Call, metadata: Mapping[str, Any]) -> None:
     """
 
 
+@notification
+@hookspec
+def zml_request_queued(call: Call, policy: str, depth: int, metadata: Mapping[str, Any]) -> None:
+    """A request joined its policy's saturation queue (``queue_on_saturation``).
+
+    Called once per request that had to wait for capacity, when it joins the queue (not again
+    if it goes back in line after a refused lease). It then either routes
+    (:func:`zml_request_routed`, with ``routing.queued_ms``) or ends with a RoutingError
+    ``queue_timeout`` or a ZMLTimeoutError.
+
+    Args:
+        call: the request.
+        policy: the policy's name.
+        depth: requests queued for that policy, this one included.
+        metadata: the per-call ``metadata={...}``.
+
+    Returns:
+        Nothing (notification; exceptions are logged, never raised).
+    """
+
+
 # --- cost attribution --------------------------------------------------------------------------
 
 
