@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,29 +17,16 @@ import pytest
 
 import zml
 from tests.conftest import MODEL
+from tests.e2e.conftest import await_for, fleet_fixture, settled, wait_for
 
 MSGS = [{"role": "user", "content": "Write a very long essay"}]
 LONG = {"max_tokens": 4000, "extra_body": {"ignore_eos": True}}  # seconds of streaming
 POLICIES = {"prod": {"accelerator_chain": ["H100"], "cost_priority": "cost"}}
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
+def aborted_and_idle(node: Any, aborted: int) -> Callable[[], bool]:
+    """A predicate: the node has aborted ``aborted`` requests and runs or queues none."""
 
-
-async def await_for(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
-def settled(node: Any, aborted: int) -> Callable[[], bool]:
     def check() -> bool:
         s = node.stats
         return s.aborted_total == aborted and s.running == 0 and s.waiting == 0
@@ -48,23 +34,7 @@ def settled(node: Any, aborted: int) -> Callable[[], bool]:
     return check
 
 
-def settled_stats(node: Any, timeout: float = 15.0) -> Any:
-    """The node's stats once every request it received has ended (its counters are updated
-    a moment after the client sees the answer): polled, the timeout is a safety net."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = node.stats
-        ended = s.completed_total + s.aborted_total + s.rejected_total + s.dropped_total
-        if (s.running == 0 and s.waiting == 0 and ended == s.requests_total) \
-                or time.monotonic() > deadline:
-            return s
-        time.sleep(0.005)
-
-
-@pytest.fixture
-def setup(sim_fleet: Any) -> Any:
-    nodes = [{"id": "gpu", "family": "H100", "max_concurrency": 4}]
-    return sim_fleet(nodes, POLICIES, time_scale=0.1)
+setup = fleet_fixture([{"id": "gpu", "family": "H100", "max_concurrency": 4}], POLICIES, 0.1)
 
 
 # --- sync client --------------------------------------------------------------------------
@@ -136,12 +106,12 @@ def test_sync_cancellation_reaches_the_node(setup: Any, walk_away: Any) -> None:
     with zml.Client(config=setup.path) as client:
         walk_away(client)
         assert client.fleet.in_flight == 0
-        wait_for(settled(node, 1), "the node to abort the request")
+        wait_for(aborted_and_idle(node, 1), "the node to abort the request")
         # the slot is usable again, and a full answer still works
         r = client.infer(MODEL, MSGS, policy="prod", max_tokens=5)
         assert r.routing.node_id == "gpu"
         assert client.fleet.in_flight == 0
-    s = settled_stats(node)
+    s = settled(node)
     assert (s.requests_total, s.completed_total, s.aborted_total) == (2, 1, 1)
 
 
@@ -268,13 +238,13 @@ def test_async_cancellation_reaches_the_node(setup: Any, walk_away: Any) -> None
             else:
                 await walk_away(client)
             await await_for(lambda: client.fleet.in_flight == 0, "the slot to be released")
-            await await_for(settled(node, 1), "the node to abort the request")
+            await await_for(aborted_and_idle(node, 1), "the node to abort the request")
             r = await client.infer(MODEL, MSGS, policy="prod", max_tokens=5)
             assert r.routing.node_id == "gpu"
             assert client.fleet.in_flight == 0
 
     asyncio.run(main())
-    s = settled_stats(node)
+    s = settled(node)
     assert (s.requests_total, s.completed_total, s.aborted_total) == (2, 1, 1)
 
 
@@ -304,8 +274,8 @@ def test_slot_is_free_right_after_leaving_the_loop(sim_fleet: Any, kind: str) ->
 
         asyncio.run(main())
     node = setup.node("solo")
-    wait_for(settled(node, 3), "the node to abort the three streams")
-    assert settled_stats(node).completed_total == 3
+    wait_for(aborted_and_idle(node, 3), "the node to abort the three streams")
+    assert settled(node).completed_total == 3
 
 
 def test_cancelled_while_in_the_nodes_queue_is_dropped_from_it(sim_fleet: Any) -> None:
@@ -336,7 +306,7 @@ def test_cancelled_while_in_the_nodes_queue_is_dropped_from_it(sim_fleet: Any) -
             assert client.fleet.in_flight == 0
 
     asyncio.run(main())
-    s = settled_stats(node)
+    s = settled(node)
     assert (s.requests_total, s.completed_total, s.aborted_total) == (2, 1, 1)
 
 
@@ -372,8 +342,8 @@ def test_a_thousand_cancelled_streams_release_every_slot(sim_fleet: Any) -> None
 
     outcomes = asyncio.run(main())
     assert outcomes.count("cancelled") == total
-    wait_for(settled(node, total), f"the node to abort {total} requests ({node.stats})")
-    s = settled_stats(node)
+    wait_for(aborted_and_idle(node, total), f"the node to abort {total} requests ({node.stats})")
+    s = settled(node)
     assert (s.requests_total, s.completed_total, s.rejected_total) == (total, 0, 0)
     assert s.running_peak <= 64
 
@@ -389,10 +359,10 @@ def test_break_reaches_the_node_before_the_callers_next_await(setup: Any) -> Non
             async for _ in client.infer_stream(MODEL, MSGS, policy="prod", **LONG):
                 break
             assert client.fleet.in_flight == 0
-            wait_for(settled(node, 1), "the node to abort the request", timeout=5.0)
+            wait_for(aborted_and_idle(node, 1), "the node to abort the request", timeout=5.0)
 
     asyncio.run(main())
-    assert settled_stats(node).aborted_total == 1
+    assert settled(node).aborted_total == 1
 
 
 def test_dropping_an_async_stream_mid_read_state_closes_it(setup: Any) -> None:
@@ -407,6 +377,6 @@ def test_dropping_an_async_stream_mid_read_state_closes_it(setup: Any) -> None:
             assert client.fleet.in_flight == 1
             del stream
             assert client.fleet.in_flight == 0
-            wait_for(settled(node, 1), "the node to abort the request", timeout=5.0)
+            wait_for(aborted_and_idle(node, 1), "the node to abort the request", timeout=5.0)
 
     asyncio.run(main())

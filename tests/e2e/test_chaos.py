@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from typing import Any
 
 import zml
 from tests.conftest import MODEL
+from tests.e2e.conftest import settled
 
 TOTAL = 500
 CONCURRENCY = 32
@@ -37,19 +37,6 @@ NODES = [
 ]
 FAMILIES = {"H100": {"cost_per_hour": 4.0}, "MI300X": {"cost_per_hour": 3.2},
             "H100_PCIe": {"cost_per_hour": 2.4}}
-
-
-def settled(node: Any, timeout: float = 15.0) -> Any:
-    """The node's stats once every request it received has ended (its counters are updated
-    a moment after the client sees the answer): polled, the timeout is a safety net."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = node.stats
-        ended = s.completed_total + s.aborted_total + s.rejected_total + s.dropped_total
-        if (s.running == 0 and s.waiting == 0 and ended == s.requests_total) \
-                or time.monotonic() > deadline:
-            return s
-        time.sleep(0.005)
 
 
 class Outcome:

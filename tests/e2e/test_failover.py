@@ -19,52 +19,12 @@ import pytest
 
 import zml
 from tests.conftest import MODEL
+from tests.e2e.conftest import PROD, fleet_fixture, run_client, settled, two_family_nodes
 from zml.sim import FaultSpec
 
 MSGS = [{"role": "user", "content": "hello"}]
-NODES = [
-    {"id": "h100-a", "family": "H100", "max_concurrency": 8},
-    {"id": "mi-a", "family": "MI300X", "max_concurrency": 8},
-]
-POLICIES = {"prod": {"accelerator_chain": ["H100", "MI300X"], "cost_priority": "cost"}}
-
-
-@pytest.fixture
-def setup(sim_fleet: Any) -> Any:
-    return sim_fleet(NODES, POLICIES, time_scale=0.05)
-
-
-def settled(node: Any, timeout: float = 15.0) -> Any:
-    """The node's stats once every request it received has ended (its counters are updated
-    a moment after the client sees the answer): polled, the timeout is a safety net."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = node.stats
-        ended = s.completed_total + s.aborted_total + s.rejected_total + s.dropped_total
-        if (s.running == 0 and s.waiting == 0 and ended == s.requests_total) \
-                or time.monotonic() > deadline:
-            return s
-        time.sleep(0.005)
-
-
-def run(kind: str, setup: Any, body: Callable[[Any], Any], **client_kwargs: Any) -> Any:
-    """Run ``body(client)`` on a sync Client, or ``await body(client)`` on an AsyncClient."""
-    if kind == "sync":
-        with zml.Client(config=setup.path, **client_kwargs) as client:
-            try:
-                return body(client)
-            finally:
-                assert client.fleet.in_flight == 0
-
-    async def main() -> Any:
-        async with zml.AsyncClient(config=setup.path, probe_interval_s=None,
-                                   **client_kwargs) as client:
-            try:
-                return await body(client)
-            finally:
-                assert client.fleet.in_flight == 0
-
-    return asyncio.run(main())
+POLICIES = {"prod": PROD}
+setup = fleet_fixture(two_family_nodes(max_concurrency=8), POLICIES, 0.05)
 
 
 def infer(kind: str, stream: bool, **kwargs: Any) -> Callable[[Any], Any]:
@@ -101,7 +61,7 @@ IDS = ["sync-infer", "sync-stream", "async-infer", "async-stream"]
 @pytest.mark.parametrize(("kind", "stream"), KINDS, ids=IDS)
 def test_failover_after_connection_refused(setup: Any, kind: str, stream: bool) -> None:
     setup.fleet.kill("h100-a")
-    routing, text = run(kind, setup, infer(kind, stream, policy="prod"))
+    routing, text = run_client(kind, setup, infer(kind, stream, policy="prod"))
     assert text
     assert (routing.node_id, routing.accelerator) == ("mi-a", "MI300X")
     assert [(a.node_id, a.accelerator, a.error, a.status_code) for a in routing.attempts] == [
@@ -115,7 +75,7 @@ def test_failover_after_connection_refused(setup: Any, kind: str, stream: bool) 
 @pytest.mark.parametrize(("kind", "stream"), KINDS, ids=IDS)
 def test_failover_after_503(setup: Any, kind: str, stream: bool) -> None:
     setup.node("h100-a").set_faults(FaultSpec(error_rate=1.0, error_status=503))
-    routing, text = run(kind, setup, infer(kind, stream, policy="prod"))
+    routing, text = run_client(kind, setup, infer(kind, stream, policy="prod"))
     assert text and routing.node_id == "mi-a"
     assert [(a.node_id, a.error, a.status_code) for a in routing.attempts] == [
         ("h100-a", "unavailable", 503)
@@ -242,7 +202,7 @@ def test_429_retry_after_is_honoured_on_the_only_candidate(sim_fleet: Any, kind:
     lifter = threading.Thread(target=lift_after_first_rejection)
     lifter.start()
     t0 = time.monotonic()
-    routing, text = run(kind, setup, infer(kind, False, policy="h"))
+    routing, text = run_client(kind, setup, infer(kind, False, policy="h"))
     waited = time.monotonic() - t0
     lifter.join()
     assert text and routing.node_id == "only"
@@ -265,7 +225,7 @@ def test_429_fails_over_at_once_and_leaves_health_alone(setup: Any, kind: str) -
         r = await client.infer(MODEL, MSGS, policy="prod")
         return r.routing, client.fleet.node("h100-a").health
 
-    routing, health = run(kind, setup, body_sync if kind == "sync" else body_async)
+    routing, health = run_client(kind, setup, body_sync if kind == "sync" else body_async)
     assert routing.node_id == "mi-a"
     assert [(a.node_id, a.error) for a in routing.attempts] == [("h100-a", "rate_limited")]
     assert health == 1.0  # rate limiting is load, not ill health
@@ -276,7 +236,7 @@ def test_dropped_connection_before_any_token_fails_over(setup: Any, kind: str) -
     """A non-streamed answer cut before its body reached the caller is retried elsewhere;
     a stream cut after its first chunk is not (next test)."""
     setup.node("h100-a").set_faults(FaultSpec(drop_rate=1.0))
-    routing, text = run(kind, setup, infer(kind, False, policy="prod"))
+    routing, text = run_client(kind, setup, infer(kind, False, policy="prod"))
     assert text and routing.node_id == "mi-a"
     assert [(a.node_id, a.error) for a in routing.attempts] == [("h100-a", "connection_error")]
     assert settled(setup.node("h100-a")).dropped_total == 1
@@ -298,7 +258,7 @@ def test_no_retry_after_the_first_token(setup: Any, kind: str) -> None:
             received.append(chunk)
 
     with pytest.raises(zml.IncompleteStreamError) as info:
-        run(kind, setup, body_sync if kind == "sync" else body_async)
+        run_client(kind, setup, body_sync if kind == "sync" else body_async)
     err = info.value
     assert err.chunks == len(received) >= 2
     text = "".join(c.choices[0].delta.content or "" for c in received if c.choices)
@@ -325,7 +285,7 @@ def test_malformed_event_is_a_protocol_error(setup: Any, kind: str) -> None:
             pass
 
     with pytest.raises(zml.NodeProtocolError) as info:
-        run(kind, setup, body_sync if kind == "sync" else body_async)
+        run_client(kind, setup, body_sync if kind == "sync" else body_async)
     err = info.value
     assert not isinstance(err, zml.IncompleteStreamError)
     assert "malformed" in str(err) and err.node_id == "h100-a"

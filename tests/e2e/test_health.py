@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx2
@@ -23,46 +22,23 @@ import pytest
 import zml
 import zml.fleet
 from tests.conftest import MODEL
+from tests.e2e.conftest import PROD, await_for, fleet_fixture, two_family_nodes, wait_for
 from zml.dispatch import ResponseSummary
 from zml.routing import Decision, NoRoute
 from zml.sim import FaultSpec
 
 MSGS = [{"role": "user", "content": "hello"}]
-NODES = [
-    {"id": "h100-a", "family": "H100", "max_concurrency": 4},
-    {"id": "mi-a", "family": "MI300X", "max_concurrency": 4},
-]
 POLICIES = {
     # health_threshold 0: only the circuit breaker keeps a failing node out
     "breaker": {"accelerator_chain": ["H100", "MI300X"], "cost_priority": "cost",
                 "health_threshold": 0.0},
-    "prod": {"accelerator_chain": ["H100", "MI300X"], "cost_priority": "cost"},
+    "prod": PROD,
 }
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
-async def await_for(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
+setup = fleet_fixture(two_family_nodes(), POLICIES, 0.05)
 
 
 def first_reason(decision: Decision | NoRoute) -> Any:
     return decision.evaluated[0].as_dict()["rejected_reason"]
-
-
-@pytest.fixture
-def setup(sim_fleet: Any) -> Any:
-    return sim_fleet(NODES, POLICIES, time_scale=0.05)
 
 
 # --- circuit breaker ---------------------------------------------------------------------------

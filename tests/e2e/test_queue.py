@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 
 import zml
 from tests.conftest import MODEL
+from tests.e2e.conftest import await_for, collect, fleet_fixture, settled, wait_for
 
 MSGS = [{"role": "user", "content": "hi"}]
 HOLD = {"max_tokens": 4000, "extra_body": {"ignore_eos": True}}
@@ -29,38 +29,7 @@ POLICIES = {
 }
 
 
-@pytest.fixture
-def setup(sim_fleet: Any) -> Any:
-    return sim_fleet(NODES, POLICIES, time_scale=0.1)
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.002)
-
-
-async def await_for(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.002)
-
-
-def settled(node: Any, timeout: float = 15.0) -> Any:
-    """The node's stats once every request it received has ended (its counters are updated
-    a moment after the client sees the answer): polled, the timeout is a safety net."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = node.stats
-        ended = s.completed_total + s.aborted_total + s.rejected_total + s.dropped_total
-        if (s.running == 0 and s.waiting == 0 and ended == s.requests_total) \
-                or time.monotonic() > deadline:
-            return s
-        time.sleep(0.005)
+setup = fleet_fixture(NODES, POLICIES, 0.1)
 
 
 def queue_of(client: Any, policy: str) -> list[Any]:
@@ -101,7 +70,7 @@ def test_async_request_waits_for_capacity_then_succeeds(setup: Any) -> None:
             waiting = asyncio.create_task(
                 client.infer(MODEL, MSGS, policy="wait", max_tokens=5))
             streamed = client.infer_stream(MODEL, MSGS, policy="wait", max_tokens=5)
-            stream_task = asyncio.create_task(_collect(streamed))
+            stream_task = asyncio.create_task(collect(streamed))
             await await_for(lambda: len(queue_of(client, "wait")) == 2, "two queued requests")
             assert not waiting.done() and not stream_task.done()
             await holder.aclose()
@@ -117,10 +86,6 @@ def test_async_request_waits_for_capacity_then_succeeds(setup: Any) -> None:
     asyncio.run(main())
     stats = settled(setup.node("solo"))
     assert (stats.requests_total, stats.completed_total, stats.aborted_total) == (3, 2, 1)
-
-
-async def _collect(stream: Any) -> list[Any]:
-    return [c async for c in stream]
 
 
 # --- queue_timeout ---------------------------------------------------------------------------
@@ -163,7 +128,7 @@ def test_async_queue_timeout(setup: Any) -> None:
                 await it.__anext__()
                 results = await asyncio.gather(
                     client.infer(MODEL, MSGS, policy="brief"),
-                    _collect(client.infer_stream(MODEL, MSGS, policy="brief")),
+                    collect(client.infer_stream(MODEL, MSGS, policy="brief")),
                     return_exceptions=True,
                 )
                 for err in results:
@@ -284,7 +249,7 @@ def test_cancelling_queued_requests_removes_them_from_the_queue(setup: Any) -> N
             for i, name in enumerate(["a", "b", "c", "d"]):
                 if name == "d":
                     tasks[name] = asyncio.create_task(
-                        _collect(client.infer_stream(MODEL, MSGS, policy="wait", max_tokens=3)))
+                        collect(client.infer_stream(MODEL, MSGS, policy="wait", max_tokens=3)))
                 else:
                     tasks[name] = asyncio.create_task(
                         client.infer(MODEL, MSGS, policy="wait", max_tokens=3))

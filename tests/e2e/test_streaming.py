@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import pytest
 
 import zml
 from tests.conftest import MODEL
+from tests.e2e.conftest import PROD, fleet_fixture, run_client, settled, two_family_nodes
 
-NODES = [
-    {"id": "h100-a", "family": "H100", "max_concurrency": 4},
-    {"id": "mi-a", "family": "MI300X", "max_concurrency": 4},
-]
-POLICIES = {"prod": {"accelerator_chain": ["H100", "MI300X"], "cost_priority": "cost"}}
 MSGS = [{"role": "user", "content": "Tell me about tensor parallelism"}]
 TOOLS = [
     {
@@ -43,22 +38,7 @@ TOOLS = [
 ]
 
 
-@pytest.fixture
-def setup(sim_fleet: Any) -> Any:
-    return sim_fleet(NODES, POLICIES, time_scale=0.05)
-
-
-def settled(node: Any, timeout: float = 15.0) -> Any:
-    """The node's stats once every request it received has ended (its counters are updated
-    a moment after the client sees the answer): polled, the timeout is a safety net."""
-    deadline = time.monotonic() + timeout
-    while True:
-        s = node.stats
-        ended = s.completed_total + s.aborted_total + s.rejected_total + s.dropped_total
-        if (s.running == 0 and s.waiting == 0 and ended == s.requests_total) \
-                or time.monotonic() > deadline:
-            return s
-        time.sleep(0.005)
+setup = fleet_fixture(two_family_nodes(), {"prod": PROD}, 0.05)
 
 
 def check_stream(chunks: list[zml.ChatCompletionChunk], text: str, routing: Any) -> None:
@@ -138,20 +118,25 @@ def test_async_stream_routing_on_each_chunk(setup: Any) -> None:
     assert settled(setup.node("mi-a")).completed_total == 1
 
 
+def read_stream(kind: str, setup: Any, messages: Any, **kwargs: Any) -> tuple[Any, list[Any]]:
+    """Stream one ``prod`` request to its end on a client of ``kind``: (the stream, its chunks)."""
+
+    def sync_body(client: zml.Client) -> tuple[Any, list[Any]]:
+        s = client.infer_stream(MODEL, messages, policy="prod", **kwargs)
+        return s, list(s)
+
+    async def async_body(client: zml.AsyncClient) -> tuple[Any, list[Any]]:
+        s = client.infer_stream(MODEL, messages, policy="prod", **kwargs)
+        return s, [c async for c in s]
+
+    done: tuple[Any, list[Any]] = run_client(kind, setup,
+                                             sync_body if kind == "sync" else async_body)
+    return done
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_usage_can_be_turned_off(setup: Any, kind: str) -> None:
-    opts = {"stream_options": {"include_usage": False}}
-    if kind == "sync":
-        with zml.Client(config=setup.path) as client:
-            stream = client.infer_stream(MODEL, MSGS, policy="prod", **opts)
-            chunks = list(stream)
-    else:
-        async def main() -> tuple[Any, list[Any]]:
-            async with zml.AsyncClient(config=setup.path, probe_interval_s=None) as client:
-                s = client.infer_stream(MODEL, MSGS, policy="prod", **opts)
-                return s, [c async for c in s]
-
-        stream, chunks = asyncio.run(main())
+    stream, chunks = read_stream(kind, setup, MSGS, stream_options={"include_usage": False})
     assert stream.usage is None and all(c.usage is None for c in chunks)
     assert stream.finish_reason in ("stop", "length") and stream.text
 
@@ -174,18 +159,7 @@ def merge_tool_calls(chunks: list[zml.ChatCompletionChunk]) -> dict[int, dict[st
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_tool_call_deltas(setup: Any, kind: str) -> None:
     msgs = [{"role": "user", "content": "What's the weather in Paris for 3 days?"}]
-    kwargs: dict[str, Any] = {"tools": TOOLS, "tool_choice": "required"}
-    if kind == "sync":
-        with zml.Client(config=setup.path) as client:
-            stream = client.infer_stream(MODEL, msgs, policy="prod", **kwargs)
-            chunks = list(stream)
-    else:
-        async def main() -> tuple[Any, list[Any]]:
-            async with zml.AsyncClient(config=setup.path, probe_interval_s=None) as client:
-                s = client.infer_stream(MODEL, msgs, policy="prod", **kwargs)
-                return s, [c async for c in s]
-
-        stream, chunks = asyncio.run(main())
+    stream, chunks = read_stream(kind, setup, msgs, tools=TOOLS, tool_choice="required")
     assert stream.finish_reason == "tool_calls"
     assert stream.text == ""
     fragments = [c for c in chunks if c.choices and c.choices[0].delta.tool_calls]

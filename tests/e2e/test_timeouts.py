@@ -22,16 +22,13 @@ import pytest
 
 import zml
 from tests.conftest import MODEL
+from tests.e2e.conftest import PROD, fleet_fixture, run_client, two_family_nodes, wait_for
 from zml.sim import FaultSpec
 
 MSGS = [{"role": "user", "content": "hello"}]
 STALL = FaultSpec(stall_s=600.0)  # x time_scale 0.05: 30 s before the first byte
-NODES = [
-    {"id": "h100-a", "family": "H100", "max_concurrency": 4},
-    {"id": "mi-a", "family": "MI300X", "max_concurrency": 4},
-]
 POLICIES = {
-    "prod": {"accelerator_chain": ["H100", "MI300X"], "cost_priority": "cost"},
+    "prod": PROD,
     "h100": {"accelerator_chain": ["H100"]},
     "wait": {"accelerator_chain": ["H100"], "queue_on_saturation": True},
 }
@@ -39,36 +36,7 @@ ONE_FAMILY = {"h100": POLICIES["h100"]}
 SAFETY = 30.0  # an overall deadline so that a regression fails instead of hanging
 
 
-@pytest.fixture
-def setup(sim_fleet: Any) -> Any:
-    return sim_fleet(NODES, POLICIES, time_scale=0.05)
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
-def run(kind: str, setup: Any, body: Callable[[Any], Any], **client_kwargs: Any) -> Any:
-    if kind == "sync":
-        with zml.Client(config=setup.path, **client_kwargs) as client:
-            try:
-                return body(client)
-            finally:
-                assert client.fleet.in_flight == 0
-
-    async def main() -> Any:
-        async with zml.AsyncClient(config=setup.path, probe_interval_s=None,
-                                   **client_kwargs) as client:
-            try:
-                return await body(client)
-            finally:
-                assert client.fleet.in_flight == 0
-
-    return asyncio.run(main())
+setup = fleet_fixture(two_family_nodes(), POLICIES, 0.05)
 
 
 def stream_body(kind: str, **kwargs: Any) -> Callable[[Any], Any]:
@@ -115,9 +83,9 @@ def test_stalled_node_trips_first_token_and_fails_over(setup: Any, kind: str,
     setup.node("h100-a").set_faults(STALL)
     timeouts = zml.Timeouts(total=SAFETY, first_token=0.3)
     if where == "client":
-        routing, text, _ = run(kind, setup, stream_body(kind, policy="prod"), timeout=timeouts)
+        routing, text, _ = run_client(kind, setup, stream_body(kind, policy="prod"), timeout=timeouts)
     else:
-        routing, text, _ = run(kind, setup, stream_body(kind, policy="prod", timeout=timeouts))
+        routing, text, _ = run_client(kind, setup, stream_body(kind, policy="prod", timeout=timeouts))
     assert text and routing.node_id == "mi-a"
     assert [(a.node_id, a.error) for a in routing.attempts] == [("h100-a", "timeout")]
     assert "timed out" in routing.attempts[0].message
@@ -132,7 +100,7 @@ def test_first_token_timeout_applies_even_with_a_long_idle_timeout(setup: Any,
     """first_token=0.3 with the default idle of 60 s: the stall still trips at 0.3 s."""
     setup.node("h100-a").set_faults(STALL)
     timeouts = zml.Timeouts(total=SAFETY, first_token=0.3, idle=60.0)
-    routing, _, _ = run(kind, setup, stream_body(kind, policy="prod", timeout=timeouts))
+    routing, _, _ = run_client(kind, setup, stream_body(kind, policy="prod", timeout=timeouts))
     assert routing.node_id == "mi-a"
     assert [a.error for a in routing.attempts] == ["timeout"]
 
@@ -148,7 +116,7 @@ def test_a_long_first_token_timeout_does_not_stretch_the_idle_timeout(sim_fleet:
     setup = sim_fleet(nodes, POLICIES)
     timeouts = zml.Timeouts(total=SAFETY, first_token=30.0, idle=0.2)
     with pytest.raises(zml.IncompleteStreamError) as info:
-        run(kind, setup, stream_body(kind, policy="prod", timeout=timeouts))
+        run_client(kind, setup, stream_body(kind, policy="prod", timeout=timeouts))
     err = info.value
     assert "idle timeout" in str(err)
     assert err.chunks >= 1 and err.node_id == "slow"
@@ -163,7 +131,7 @@ def test_idle_timeout_with_no_first_token_timeout(sim_fleet: Any, kind: str) -> 
               "sim": {"ttft_ms": 5.0, "tokens_per_s": 2.0}}]
     setup = sim_fleet(nodes, ONE_FAMILY)
     with pytest.raises(zml.IncompleteStreamError, match="idle timeout"):
-        run(kind, setup, stream_body(kind, policy="h100"),
+        run_client(kind, setup, stream_body(kind, policy="h100"),
             timeout=zml.Timeouts(total=SAFETY, idle=0.2))
 
 
@@ -178,7 +146,7 @@ def test_deadline_expiring_mid_attempt_is_one_timeout_error(setup: Any, kind: st
     body = (stream_body if stream else infer_body)(kind, policy="h100", timeout=0.4)
     t0 = time.monotonic()
     with pytest.raises(zml.ZMLTimeoutError) as info:
-        run(kind, setup, body)
+        run_client(kind, setup, body)
     assert time.monotonic() - t0 >= 0.4
     err = info.value
     assert isinstance(err, TimeoutError) and not isinstance(err, zml.NodeError)
@@ -195,7 +163,7 @@ def test_deadline_expiring_mid_attempt_with_failover_left(setup: Any, kind: str)
     for node in ("h100-a", "mi-a"):
         setup.node(node).set_faults(STALL)
     with pytest.raises(zml.ZMLTimeoutError):
-        run(kind, setup, infer_body(kind, policy="prod", timeout=0.3))
+        run_client(kind, setup, infer_body(kind, policy="prod", timeout=0.3))
     total = sum(setup.node(n).stats.requests_total for n in ("h100-a", "mi-a"))
     assert total >= 1
 
@@ -218,7 +186,7 @@ def test_deadline_expiring_mid_stream_is_one_timeout_error(sim_fleet: Any, kind:
             seen.append(chunk)
 
     with pytest.raises(zml.ZMLTimeoutError) as info:
-        run(kind, setup, sync_body if kind == "sync" else async_body)
+        run_client(kind, setup, sync_body if kind == "sync" else async_body)
     err = info.value
     assert not isinstance(err, zml.NodeError)
     assert "mid-stream" in str(err)
@@ -286,7 +254,7 @@ def test_per_call_timeout_overrides_the_clients(sim_fleet: Any, kind: str) -> No
             r = client.infer(MODEL, MSGS, policy="h100", max_tokens=3, timeout=None)
             assert r.choices[0].message.content
 
-        run(kind, setup, body, timeout=tight)
+        run_client(kind, setup, body, timeout=tight)
     else:
         async def abody(client: zml.AsyncClient) -> None:
             with pytest.raises(zml.ZMLTimeoutError):
@@ -297,7 +265,7 @@ def test_per_call_timeout_overrides_the_clients(sim_fleet: Any, kind: str) -> No
                                    timeout=zml.Timeouts(total=None, first_token=SAFETY))
             assert r.choices[0].message.content
 
-        run(kind, setup, abody, timeout=tight)
+        run_client(kind, setup, abody, timeout=tight)
 
 
 def test_timeouts_value_object() -> None:
