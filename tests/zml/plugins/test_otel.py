@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import zml
 
-from .conftest import MSGS, Nodes
+from .conftest import Nodes
 
 
 def only_span(t: SimpleNamespace) -> Any:
