@@ -40,10 +40,10 @@ class Call:
     __slots__ = ("d", "record", "request", "view")
 
     def __init__(self, dispatcher: Dispatcher, request: Request) -> None:
-        self.d = dispatcher
-        self.request = request
-        self.record = Record()
-        self.view = CallView(request, self.record, dispatcher.clock, dispatcher.fleet.ledger)
+        self.d: Dispatcher = dispatcher
+        self.request: Request = request
+        self.record: Record = Record()
+        self.view: CallView = CallView(request, self.record, dispatcher.clock, dispatcher.fleet.ledger)
 
     # --- what senders need -------------------------------------------------------------------
 

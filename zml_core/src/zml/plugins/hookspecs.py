@@ -61,8 +61,8 @@ __all__ = [
     "notification",
 ]
 
-hookspec = HookspecMarker("zml")
-hookimpl = HookimplMarker("zml")
+hookspec: HookspecMarker = HookspecMarker("zml")
+hookimpl: HookimplMarker = HookimplMarker("zml")
 """Marks a plugin's hook implementation: ``@zml.hookimpl`` (options: tryfirst, trylast...)."""
 
 _F = TypeVar("_F", bound=Callable[..., Any])

@@ -415,7 +415,7 @@ def _first_line(error: BaseException) -> str:
     return str(text).splitlines()[0][:300] if text else type(error).__name__
 
 
-plugin = OpenTelemetryPlugin()
+plugin: OpenTelemetryPlugin = OpenTelemetryPlugin()
 """The instance zml registers (global providers)."""
 
 
