@@ -268,3 +268,31 @@ def test_the_application_propagator_is_the_one_used(
     for headers in busy.headers + ok.headers:
         assert headers["x-test-trace"] == f"{span.context.trace_id:032x}"
         assert "traceparent" not in headers
+
+
+class TenantHeaders:
+    """A plugin adding its own headers, one of which would replace zml's authorization."""
+
+    @zml.hookimpl
+    def zml_request_headers(self, routing: Any, headers: dict[str, str]) -> None:
+        headers["x-tenant"] = f"t-{routing.node_id}"
+        headers["Authorization"] = "Bearer not-the-key"
+
+
+class Broken:
+    @zml.hookimpl
+    def zml_request_headers(self, headers: dict[str, str]) -> None:
+        raise RuntimeError("plugin bug")
+
+
+def test_plugins_add_headers_but_never_replace_zml_s_own(
+    fleet: tuple[Path, RecordingNode, RecordingNode]
+) -> None:
+    config, busy, ok = fleet
+    busy.status = 503
+    with zml.Client(config=config, api_key="the-key") as client:
+        client.plugins.register(Broken(), name="broken")  # isolated: logged, not raised
+        client.plugins.register(TenantHeaders(), name="tenant")
+        client.infer(model="m", messages=MSGS, policy="chain")
+    assert [h["x-tenant"] for h in busy.headers + ok.headers] == ["t-busy", "t-ok"]
+    assert [h["authorization"] for h in busy.headers + ok.headers] == ["Bearer the-key"] * 2
