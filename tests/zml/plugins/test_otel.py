@@ -156,7 +156,9 @@ def test_stream_span_ends_after_the_last_chunk(traced: SimpleNamespace) -> None:
     assert span.attributes["zml.node_id"] == "h100-a"
     assert span.attributes["gen_ai.request.stream"] is True
     ttfc = span.attributes["gen_ai.response.time_to_first_chunk"]
-    assert isinstance(ttfc, float) and 0 <= ttfc <= span.end_time - span.start_time
+    node_ttft = span.attributes["zml.ttft_s"]
+    # from the call (queueing included) >= from sending, on the node that answered
+    assert isinstance(ttfc, float) and 0 <= node_ttft <= ttfc
     assert stream.routing.cost is not None
     (first_chunk,) = points(traced.reader, "gen_ai.client.operation.time_to_first_chunk")
     assert first_chunk.count == 1 and first_chunk.sum == pytest.approx(ttfc)

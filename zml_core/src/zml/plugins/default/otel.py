@@ -10,8 +10,10 @@ this plugin nearly free, and an application that configures one (``TracerProvide
   ``temperature``, ``top_p``, ``seed``, ``frequency_penalty``, ``presence_penalty``,
   ``stop_sequences``, ``choice.count`` when not 1), ``gen_ai.request.stream`` (set, true, on
   streams only), ``gen_ai.response.model``, ``gen_ai.response.id``,
-  ``gen_ai.response.finish_reasons``, ``gen_ai.response.time_to_first_chunk`` (streams, in
-  seconds: the TTFT policies route on), ``gen_ai.usage.input_tokens``,
+  ``gen_ai.response.finish_reasons``, ``gen_ai.response.time_to_first_chunk`` (streams: seconds
+  from the call to the first chunk, queueing and failover included), ``zml.ttft_s`` (seconds
+  from sending to the first token on the node that answered: the TTFT policies route on),
+  ``gen_ai.usage.input_tokens``,
   ``gen_ai.usage.output_tokens``, ``server.address``/``server.port``, plus ``zml.policy``,
   ``zml.accelerator``, ``zml.node_id``, ``zml.queue_depth``, ``zml.attempts`` and the cost;
 * an event ``zml.route.family`` per family evaluated by each routing decision (with
@@ -277,7 +279,8 @@ class OpenTelemetryPlugin:
             return
         input_tokens, output_tokens = _tokens(usage)
         host, port = _split_address(routing.server_address)
-        ttfc = call.ttft_s if call.stream else None
+        ttfc = call.first_chunk_s if call.stream else None
+        node_ttft = call.ttft_s
         if span.is_recording():
             response = call.response
             attributes: dict[str, Any] = {
@@ -294,6 +297,8 @@ class OpenTelemetryPlugin:
                 attributes["gen_ai.usage.output_tokens"] = output_tokens
             if ttfc is not None:
                 attributes["gen_ai.response.time_to_first_chunk"] = max(0.0, ttfc)
+            if node_ttft is not None:
+                attributes["zml.ttft_s"] = max(0.0, node_ttft)
             if cost is not None:
                 attributes["zml.cost.amount"] = cost.amount
                 attributes["zml.cost.currency"] = cost.currency
