@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import zml
 
-from .conftest import MSGS, Nodes
+from .conftest import Nodes
 
 
 def only_span(t: SimpleNamespace) -> Any:
@@ -68,7 +68,12 @@ def test_success_span_attributes_events_and_metrics(traced: SimpleNamespace) -> 
     assert duration.attributes["gen_ai.operation.name"] == "chat"
     assert duration.attributes["gen_ai.request.model"] == "m"
     assert duration.attributes["server.address"] == "h100-a"
+    assert duration.attributes["server.port"] == 8000
     assert "error.type" not in duration.attributes
+    # not a stream: no stream flag, no time-to-first-chunk (the conventions: streams only)
+    assert "gen_ai.request.stream" not in a
+    assert "gen_ai.response.time_to_first_chunk" not in a
+    assert points(traced.reader, "gen_ai.client.operation.time_to_first_chunk") == []
     tokens = {p.attributes["gen_ai.token.type"]: p.sum
               for p in points(traced.reader, "gen_ai.client.token.usage")}
     assert tokens == {"input": 3, "output": 5}
@@ -149,7 +154,32 @@ def test_stream_span_ends_after_the_last_chunk(traced: SimpleNamespace) -> None:
     assert span.name == "chat m"
     assert span.attributes["gen_ai.usage.output_tokens"] == 2
     assert span.attributes["zml.node_id"] == "h100-a"
+    assert span.attributes["gen_ai.request.stream"] is True
+    ttfc = span.attributes["gen_ai.response.time_to_first_chunk"]
+    node_ttft = span.attributes["zml.ttft_s"]
+    # from the call (queueing included) >= from sending, on the node that answered
+    assert isinstance(ttfc, float) and 0 <= node_ttft <= ttfc
     assert stream.routing.cost is not None
+    (first_chunk,) = points(traced.reader, "gen_ai.client.operation.time_to_first_chunk")
+    assert first_chunk.count == 1 and first_chunk.sum == pytest.approx(ttfc)
+    assert first_chunk.attributes["server.address"] == "h100-a"
+    assert first_chunk.attributes["server.port"] == 8000
+    assert first_chunk.attributes["gen_ai.request.model"] == "m"
+
+
+def test_request_parameters_become_gen_ai_request_attributes(traced: SimpleNamespace) -> None:
+    traced.driver.infer(policy="prod", max_tokens=64, temperature=0.2, top_p=0.9, seed=7,
+                        stop=["END"], presence_penalty=0.5,
+                        response_format={"type": "json_object"})
+    a = only_span(traced).attributes
+    assert a["gen_ai.request.max_tokens"] == 64
+    assert a["gen_ai.request.temperature"] == 0.2 and a["gen_ai.request.top_p"] == 0.9
+    assert a["gen_ai.request.seed"] == 7
+    assert a["gen_ai.request.stop_sequences"] == ("END",)
+    assert a["gen_ai.request.presence_penalty"] == 0.5
+    assert a["gen_ai.output.type"] == "json"
+    for unset in ("gen_ai.request.frequency_penalty", "gen_ai.request.choice.count"):
+        assert unset not in a
 
 
 def test_stream_closed_early_is_cancelled_not_error(traced: SimpleNamespace) -> None:
@@ -167,7 +197,9 @@ def test_content_captured_only_when_opted_in(
     traced.driver.infer(policy="prod")
     first, second = traced.exporter.get_finished_spans()
     assert "gen_ai.input.messages" not in first.attributes
-    assert json.loads(second.attributes["gen_ai.input.messages"]) == MSGS
+    assert json.loads(second.attributes["gen_ai.input.messages"]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "secret prompt text"}]}
+    ]
 
 
 def test_without_configured_providers_nothing_is_recorded(driver: Any) -> None:

@@ -136,7 +136,7 @@ class RoutingError(ZMLError):
 
     def __init__(self, routing_context: dict[str, Any], message: str | None = None) -> None:
         self.routing_context = routing_context
-        self.message = message or _routing_message(routing_context)
+        self.message: str = message or _routing_message(routing_context)
         super().__init__(self.message)
 
     def __str__(self) -> str:

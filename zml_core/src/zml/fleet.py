@@ -83,30 +83,30 @@ class NodeState:
     )
 
     def __init__(self, config: NodeConfig, fleet: Fleet) -> None:
-        self.config = config
-        self.fleet = fleet
+        self.config: NodeConfig = config
+        self.fleet: Fleet = fleet
         """The fleet this node's state belongs to (its lock guards every field below)."""
-        self.id = config.id
-        self.family = config.family
-        self.url = config.url
-        self.address = redact_url(config.url).split("://", 1)[-1]
+        self.id: str = config.id
+        self.family: str = config.family
+        self.url: str = config.url
+        self.address: str = redact_url(config.url).split("://", 1)[-1]
         """host:port[/path] of the node, as shown in routing metadata and telemetry."""
-        self.completion_url = completion_url(config.url)
-        self.models = frozenset(config.models)
+        self.completion_url: str = completion_url(config.url)
+        self.models: frozenset[str] = frozenset(config.models)
         self.kind = config.kind
-        self.max_concurrency = config.max_concurrency
-        self.max_queue = config.max_queue
-        self.in_flight = 0
+        self.max_concurrency: int = config.max_concurrency
+        self.max_queue: int = config.max_queue
+        self.in_flight: int = 0
         self.reported_load: int | None = None
-        self.reported_at = 0.0
-        self.load = 0
-        self.health = 1.0
-        self.health_at = 0.0
+        self.reported_at: float = 0.0
+        self.load: int = 0
+        self.health: float = 1.0
+        self.health_at: float = 0.0
         self.ttft_ms: float | None = None
         self.service_ms: float | None = None
-        self.consecutive_failures = 0
+        self.consecutive_failures: int = 0
         self.open_until: float | None = None
-        self.trial_in_flight = False
+        self.trial_in_flight: bool = False
 
     def __repr__(self) -> str:
         return (
@@ -157,7 +157,7 @@ class Fleet:
 
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
-        self.lock = threading.RLock()
+        self.lock: threading.RLock = threading.RLock()
         """Guards every decision and state change on this fleet's nodes: decisions take
         microseconds, and one lock is what makes "never oversubscribe" hold across threads."""
         self._waiters: list[Callable[[], None]] = []

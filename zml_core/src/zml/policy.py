@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -64,7 +64,7 @@ class Policy(BaseModel):
         PolicyConfigError: at construction, for any invalid field or unregistered family.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    model_config: ClassVar[ConfigDict] = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     name: str = Field(min_length=1)
     accelerator_chain: tuple[str, ...] = Field(min_length=1)

@@ -26,7 +26,7 @@ from .fleet import Fleet, NodeState
 
 __all__ = ["LOAD_GAUGES", "ProbeResult", "Prober", "parse_load", "probe_node", "probe_node_async"]
 
-log = logging.getLogger("zml.probe")
+log: logging.Logger = logging.getLogger("zml.probe")
 
 LOAD_GAUGES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "vllm": (("vllm:num_requests_running",), ("vllm:num_requests_waiting",)),

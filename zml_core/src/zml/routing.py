@@ -299,6 +299,7 @@ class FamilyEvaluation:
     rejected_reason: str | None
 
     def as_dict(self) -> dict[str, object]:
+        """The evaluation as a plain dict (``routing.evaluated`` entries, telemetry events)."""
         return {
             "family": self.family,
             "nodes_checked": self.nodes_checked,
@@ -326,6 +327,7 @@ class NoRoute:
     recommendation: str
 
     def context(self) -> dict[str, object]:
+        """The RoutingError's ``routing_context``: policy, families evaluated, final error."""
         return {
             "policy": self.policy,
             "evaluated": [e.as_dict() for e in self.evaluated],

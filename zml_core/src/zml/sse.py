@@ -47,7 +47,7 @@ class EventSplitter:
     __slots__ = ("_cr", "_data", "_held", "_parts", "_size", "node_id")
 
     def __init__(self, node_id: str) -> None:
-        self.node_id = node_id
+        self.node_id: str = node_id
         self._parts: list[bytes] = []  # the start of a line whose end has not arrived
         self._data: list[bytes] = []  # the data lines of the event being received
         self._size = 0  # bytes in _data
@@ -134,11 +134,11 @@ class StreamDecoder:
                  "routing", "usage")
 
     def __init__(self, node_id: str, routing: RoutingInfo | None = None) -> None:
-        self.node_id = node_id
-        self.routing = routing
-        self.chunks = 0
-        self.done = False
-        self.progressed = False
+        self.node_id: str = node_id
+        self.routing: RoutingInfo | None = routing
+        self.chunks: int = 0
+        self.done: bool = False
+        self.progressed: bool = False
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.last: ChatCompletionChunk | None = None

@@ -8,7 +8,7 @@ pydantic: the streaming hot path must stay within a few microseconds per chunk.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,13 +31,15 @@ __all__ = [
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(defer_build=True)
+    """Base of zml's response types (validation deferred to first use)."""
+
+    model_config: ClassVar[ConfigDict] = ConfigDict(defer_build=True)
 
 
 class _Open(BaseModel):
     """Node responses may carry more fields than we name; keep them (as openai-python does)."""
 
-    model_config = ConfigDict(extra="allow", defer_build=True)
+    model_config: ClassVar[ConfigDict] = ConfigDict(extra="allow", defer_build=True)
 
 
 class Cost(_Model):

@@ -50,12 +50,12 @@ class Dispatcher:
     ) -> None:
         self.registry = registry
         self.policies = policies
-        self.fleet = fleet if fleet is not None else Fleet(registry)
+        self.fleet: Fleet = fleet if fleet is not None else Fleet(registry)
         self.timeouts = timeouts
         self.max_attempts = max_attempts
         self.clock = clock
-        self.effects = Effects(self.fleet, clock=clock, rng=rng, plugins=plugins)
-        self.headers = auth_headers(api_key, param=api_key_param)
+        self.effects: Effects = Effects(self.fleet, clock=clock, rng=rng, plugins=plugins)
+        self.headers: dict[str, str] = auth_headers(api_key, param=api_key_param)
         self.node_headers: dict[str, dict[str, str]] = {}
         """Headers for nodes with their own key (``api_key_env``), by node id."""
         for node in registry.nodes:

@@ -40,10 +40,10 @@ class Call:
     __slots__ = ("d", "record", "request", "view")
 
     def __init__(self, dispatcher: Dispatcher, request: Request) -> None:
-        self.d = dispatcher
-        self.request = request
-        self.record = Record()
-        self.view = CallView(request, self.record, dispatcher.clock, dispatcher.fleet.ledger)
+        self.d: Dispatcher = dispatcher
+        self.request: Request = request
+        self.record: Record = Record()
+        self.view: CallView = CallView(request, self.record, dispatcher.clock, dispatcher.fleet.ledger)
 
     # --- what senders need -------------------------------------------------------------------
 
@@ -58,8 +58,23 @@ class Call:
         return self.d.headers
 
     def headers_for(self, step: Step) -> dict[str, str]:
-        """The headers for ``step``'s node: its own key (``api_key_env``) or the client's."""
-        return self.d.node_headers.get(step.node.id, self.d.headers)
+        """The headers for ``step``'s node: its own key (``api_key_env``) or the client's,
+        plus what plugins add through ``zml_request_headers`` (a trace context)."""
+        base = self.d.node_headers.get(step.node.id, self.d.headers)
+        pm = self.d.effects.plugins
+        if pm is None or not pm.impls("zml_request_headers"):
+            return base
+        added: dict[str, str] = {}
+        pm.hook.zml_request_headers(call=self.view, routing=step.routing, headers=added,
+                                    metadata=self.request.metadata)
+        if not added:
+            return base
+        merged = {k: v for k, v in added.items() if isinstance(k, str) and isinstance(v, str)}
+        lowered = {k.lower() for k in base}
+        for name in [k for k in merged if k.lower() in lowered]:
+            del merged[name]
+        merged.update(base)
+        return merged
 
     @property
     def stream(self) -> bool:

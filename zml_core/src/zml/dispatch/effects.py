@@ -52,9 +52,9 @@ class Effects:
     ) -> None:
         self.fleet = fleet
         self.clock = clock
-        self.rng = rng or random.Random()
+        self.rng: random.Random = rng or random.Random()
         self.plugins = plugins
-        self.queues = SaturationQueues(fleet.lock)
+        self.queues: SaturationQueues = SaturationQueues(fleet.lock)
 
     def perform(self, op: Operation, view: CallView) -> Any:
         """Carry out ``op`` for the request ``view`` shows; return what the flow receives."""

@@ -29,9 +29,9 @@ class Ticket:
     __slots__ = ("_lock", "_pending", "_waker", "key", "queued")
 
     def __init__(self, key: tuple[str, str]) -> None:
-        self.key = key
+        self.key: tuple[str, str] = key
         """(policy name, model)."""
-        self.queued = False
+        self.queued: bool = False
         """Whether the ticket is in its queue now."""
         self._lock = threading.Lock()
         self._waker: Callable[[], None] | None = None

@@ -98,6 +98,15 @@ class CallView:
         return self._record.ttft_s
 
     @property
+    def first_chunk_s(self) -> float | None:
+        """Seconds from the request being made (``started_at``) to the first chunk of its answer,
+        queueing and failed attempts included: what the caller waited; once known."""
+        step = self._record.current
+        if step is None or step.first_token_at is None:
+            return None
+        return step.first_token_at - self._request.started_at
+
+    @property
     def ledger(self) -> SlotLedger | None:
         """The client's cross-process slot ledger, if a plugin installed one."""
         return self._ledger

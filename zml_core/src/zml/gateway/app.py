@@ -50,7 +50,7 @@ from .settings import NODE_KEY_ENV, GatewaySettings, gateway_settings
 
 __all__ = ["Gateway", "create_app"]
 
-logger = logging.getLogger("zml.gateway")
+logger: logging.Logger = logging.getLogger("zml.gateway")
 
 READY_TIMEOUT_S = 1.0
 """How long ``/ready`` waits for a node's ``/health``."""
@@ -68,7 +68,7 @@ class Gateway:
         self.keys = keys
         self.selector = selector
         self.source = source
-        self.metrics = GatewayMetrics(client.fleet.status)
+        self.metrics: GatewayMetrics = GatewayMetrics(client.fleet.status)
         self.http: httpx2.AsyncClient | None = None
         self._ready: tuple[float, bool, list[dict[str, Any]]] | None = None
 

@@ -34,7 +34,7 @@ from .settings import GatewaySettings
 
 __all__ = ["GatewayKey", "KeyRing"]
 
-logger = logging.getLogger("zml.gateway")
+logger: logging.Logger = logging.getLogger("zml.gateway")
 
 _HEX = re.compile(r"[0-9a-fA-F]{64}")
 

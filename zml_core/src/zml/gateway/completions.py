@@ -336,16 +336,18 @@ class Outcome:
     __slots__ = ("family", "kind", "node", "policy")
 
     def __init__(self, policy: str | None) -> None:
-        self.policy = policy
-        self.family = ""
-        self.node = ""
-        self.kind = "ok"
+        self.policy: str | None = policy
+        self.family: str = ""
+        self.node: str = ""
+        self.kind: str = "ok"
 
     def served(self, routing: Any) -> None:
+        """Record where the request went (its family and node)."""
         self.family = routing.accelerator
         self.node = routing.node_id
 
     def failed(self, reply: ErrorReply, routing: Any) -> None:
+        """Record the failure's outcome kind (and where it went, if it was routed)."""
         self.kind = reply.outcome
         if routing is not None:
             self.served(routing)

@@ -48,7 +48,7 @@ from zml.errors import (
 
 __all__ = ["ErrorReply", "error_reply", "invalid_request", "reply_for"]
 
-logger = logging.getLogger("zml.gateway")
+logger: logging.Logger = logging.getLogger("zml.gateway")
 
 Headers = Sequence[tuple[bytes, bytes]]
 

@@ -71,17 +71,17 @@ class GatewayMetrics:
     """The metrics of one gateway app (its own CollectorRegistry)."""
 
     def __init__(self, fleet_status: Callable[[], list[dict[str, Any]]]) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.requests = Counter(
+        self.registry: CollectorRegistry = CollectorRegistry(auto_describe=False)
+        self.requests: Counter = Counter(
             "zml_gateway_requests", "Chat completion requests by policy, family, node, outcome.",
             ["policy", "family", "node", "outcome"], registry=self.registry)
-        self.ttft = Histogram(
+        self.ttft: Histogram = Histogram(
             "zml_gateway_ttft_seconds", "Time from request to the first streamed chunk sent.",
             ["policy", "family"], buckets=_TTFT_BUCKETS, registry=self.registry)
-        self.duration = Histogram(
+        self.duration: Histogram = Histogram(
             "zml_gateway_request_duration_seconds", "Time from request to its last byte sent.",
             ["policy", "family", "stream"], buckets=_DURATION_BUCKETS, registry=self.registry)
-        self.in_flight = Gauge(
+        self.in_flight: Gauge = Gauge(
             "zml_gateway_requests_in_flight", "Chat completion requests being served.",
             registry=self.registry)
         self.registry.register(_FleetCollector(fleet_status))

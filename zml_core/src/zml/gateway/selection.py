@@ -40,7 +40,7 @@ class Selector:
     def __init__(self, settings: GatewaySettings, served: Iterable[str],
                  policies: Mapping[str, Policy]) -> None:
         self.settings = settings
-        self.served = frozenset(served)
+        self.served: frozenset[str] = frozenset(served)
         self.policies = policies
         self._aliases = {name: (a.model, a.policy) for name, a in settings.aliases.items()}
 

@@ -17,7 +17,7 @@ never reads it); it is validated here, when a gateway is built, so that a typo i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -31,7 +31,9 @@ NODE_KEY_ENV = "ZML_API_KEY"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Base of the gateway's settings tables: unknown keys are refused, values frozen."""
+
+    model_config: ClassVar[ConfigDict] = ConfigDict(extra="forbid", frozen=True)
 
 
 class Alias(_Strict):

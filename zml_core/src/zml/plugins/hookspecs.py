@@ -9,7 +9,8 @@ parameters, by name. Four families of hooks:
 * **policy sources** (:func:`zml_register_policy_sources`): named policies, looked up live by
   ``infer(policy="name")``.
 * **telemetry** (``zml_request_*``, :func:`zml_attempt_failed`): notifications, for every
-  request of both clients, sync and async.
+  request of both clients, sync and async; :func:`zml_request_headers` adds headers to the
+  request sent to a node (trace context).
 * **cost attribution** (:func:`zml_attribute_cost`): the first non-None cost wins.
 * **shared fleet state** (:func:`zml_slot_ledger`): a cross-process slot ledger for a client's
   fleet; the first non-None ledger wins.
@@ -60,8 +61,8 @@ __all__ = [
     "notification",
 ]
 
-hookspec = HookspecMarker("zml")
-hookimpl = HookimplMarker("zml")
+hookspec: HookspecMarker = HookspecMarker("zml")
+hookimpl: HookimplMarker = HookimplMarker("zml")
 """Marks a plugin's hook implementation: ``@zml.hookimpl`` (options: tryfirst, trylast...)."""
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -235,6 +236,30 @@ def zml_request_routed(call: Call, routing: RoutingInfo, metadata: Mapping[str, 
         routing: the decision: ``node_id``, ``accelerator``, ``policy``, ``queue_depth``,
             ``node_load``, ``predicted_ttft_ms``, ``evaluated`` (one entry per family looked
             at), ``attempts`` (failed so far), ``server_address``.
+        metadata: the per-call ``metadata={...}``.
+
+    Returns:
+        Nothing (notification; exceptions are logged, never raised).
+    """
+
+
+@notification
+@hookspec
+def zml_request_headers(
+    call: Call, routing: RoutingInfo, headers: dict[str, str], metadata: Mapping[str, Any]
+) -> None:
+    """Add HTTP headers to the request about to be sent to ``routing.node_id``.
+
+    Called once per attempt, just before it is sent (after :func:`zml_request_routed`), and
+    only when some plugin implements it. ``headers`` starts empty for each attempt: put the
+    headers to add in it (the built-in OpenTelemetry plugin puts the W3C ``traceparent``
+    there, through ``opentelemetry.propagate``). Headers zml sets itself (authorization, the
+    node's own key) are kept: an added header of the same name is ignored.
+
+    Args:
+        call: the request (see :func:`zml_request_started`).
+        routing: the decision for this attempt (its node, family, ``server_address``).
+        headers: a fresh dict for this attempt; add ``name: value`` strings to it.
         metadata: the per-call ``metadata={...}``.
 
     Returns:

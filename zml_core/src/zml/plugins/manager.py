@@ -57,7 +57,7 @@ be wrappers: those marked ``@notification`` in :mod:`.hookspecs`."""
 
 FLEET_HOOK = "zml_register_fleet_sources"
 
-logger = logging.getLogger("zml.plugins")
+logger: logging.Logger = logging.getLogger("zml.plugins")
 
 
 class PluginManager(pluggy.PluginManager):
@@ -72,7 +72,7 @@ class PluginManager(pluggy.PluginManager):
     def __init__(self) -> None:
         super().__init__(GROUP)
         self.add_hookspecs(hookspecs)
-        self.generation = 0
+        self.generation: int = 0
         self.fleet_read = False
         """Set once a client has read the fleet sources (later fleet plugins are not used)."""
         self._impls: dict[str, tuple[pluggy.HookImpl, ...]] = {}

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SourcePolicies", "collect_policy_sources", "source_name"]
 
-logger = logging.getLogger("zml.plugins")
+logger: logging.Logger = logging.getLogger("zml.plugins")
 
 _MISSING = object()
 _CACHE_LIMIT = 4096

@@ -90,7 +90,7 @@ class MetricsExporter:
     """A per-node registry rendering the node's load in the text format."""
 
     def __init__(self, kind: str, snapshot: Callable[[], LoadSnapshot]) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry: CollectorRegistry = CollectorRegistry(auto_describe=False)
         self.registry.register(_NodeCollector(kind, snapshot))
 
     def render(self) -> bytes:

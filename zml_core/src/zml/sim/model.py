@@ -190,9 +190,9 @@ class NodeModel:
         self._kv_reserved = 0
         self._cache: OrderedDict[Hashable, None] = OrderedDict()
         self._pending: list[NodeEvent] = []
-        self.prompt_tokens_total = 0
+        self.prompt_tokens_total: int = 0
         """Prompt tokens of every prefill started."""
-        self.cached_tokens_total = 0
+        self.cached_tokens_total: int = 0
         """Of those, the tokens found in the prefix cache."""
 
     # -- state ----------------------------------------------------------------------------

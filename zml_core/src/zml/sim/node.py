@@ -172,7 +172,7 @@ class SimNode:
             raise ValueError(f"time_scale must be >= 0, got {time_scale!r}")
         self.spec = spec
         self.time_scale = time_scale
-        self.model = NodeModel(spec.performance, spec.max_concurrency,
+        self.model: NodeModel = NodeModel(spec.performance, spec.max_concurrency,
                                queue_size=spec.queue_size, time_scale=time_scale)
         """The performance model pacing this node (its clock is the event loop's)."""
         self._live: dict[Hashable, _Live] = {}

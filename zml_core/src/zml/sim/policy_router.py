@@ -27,7 +27,7 @@ class PolicyRouter:
     def __init__(self, policy: Policy, policies: Mapping[str, Policy] | None = None,
                  seed: int = 0) -> None:
         self.policy = policy
-        self.name = policy.name
+        self.name: str = policy.name
         self._policies = dict(policies or {})
         self._rng = random.Random(seed)
 

@@ -75,15 +75,15 @@ class ReplayNode:
                  "max_queue", "model", "recent", "service_ms", "ttft_ms")
 
     def __init__(self, index: int, config: NodeConfig, model: NodeModel) -> None:
-        self.index = index
-        self.config = config
-        self.id = config.id
-        self.family = config.family
-        self.max_concurrency = config.max_concurrency
-        self.max_queue = config.max_queue
-        self.model = model
-        self.health = 1.0
-        self.in_flight = 0
+        self.index: int = index
+        self.config: NodeConfig = config
+        self.id: str = config.id
+        self.family: str = config.family
+        self.max_concurrency: int = config.max_concurrency
+        self.max_queue: int = config.max_queue
+        self.model: NodeModel = model
+        self.health: float = 1.0
+        self.in_flight: int = 0
         self.ttft_ms: float | None = None
         self.service_ms: float | None = None
         self.recent: deque[float] = deque(maxlen=LATENCY_WINDOW)
@@ -123,7 +123,7 @@ class ReplayFleet:
             model = NodeModel(profile, config.max_concurrency, queue_size=config.sim.queue_size,
                               time_scale=time_scale)
             self.nodes.append(ReplayNode(i, config, model))
-        self.by_id = {n.id: n for n in self.nodes}
+        self.by_id: dict[str, ReplayNode] = {n.id: n for n in self.nodes}
         self._families = tuple(dict.fromkeys([*registry.families, *(n.family for n in self.nodes)]))
         self._index: dict[tuple[str, str], list[ReplayNode]] = {}
         self._serving: dict[str, list[ReplayNode]] = {}
@@ -193,15 +193,15 @@ class Outcome:
                  "start_s", "ttft_s")
 
     def __init__(self, arrival: Arrival, start_s: float) -> None:
-        self.arrival = arrival
-        self.start_s = start_s
+        self.arrival: Arrival = arrival
+        self.start_s: float = start_s
         """Arrival time after rate scaling (virtual seconds)."""
         self.node: str | None = None
         self.family: str | None = None
         self.ttft_s: float | None = None
         self.e2e_s: float | None = None
-        self.cached_tokens = 0
-        self.cost_usd = 0.0
+        self.cached_tokens: int = 0
+        self.cost_usd: float = 0.0
         self.error: str | None = None
 
     @property

@@ -6,7 +6,14 @@ this plugin nearly free, and an application that configures one (``TracerProvide
 
 * one span per request, kind CLIENT, named ``chat {model}``, with ``gen_ai.operation.name``,
   ``gen_ai.provider.name`` (and the older ``gen_ai.system``) = ``"zml"``,
-  ``gen_ai.request.model``, ``gen_ai.response.model``, ``gen_ai.usage.input_tokens``,
+  ``gen_ai.request.model``, the request's parameters (``gen_ai.request.max_tokens``,
+  ``temperature``, ``top_p``, ``seed``, ``frequency_penalty``, ``presence_penalty``,
+  ``stop_sequences``, ``choice.count`` when not 1), ``gen_ai.request.stream`` (set, true, on
+  streams only), ``gen_ai.response.model``, ``gen_ai.response.id``,
+  ``gen_ai.response.finish_reasons``, ``gen_ai.response.time_to_first_chunk`` (streams: seconds
+  from the call to the first chunk, queueing and failover included), ``zml.ttft_s`` (seconds
+  from sending to the first token on the node that answered: the TTFT policies route on),
+  ``gen_ai.usage.input_tokens``,
   ``gen_ai.usage.output_tokens``, ``server.address``/``server.port``, plus ``zml.policy``,
   ``zml.accelerator``, ``zml.node_id``, ``zml.queue_depth``, ``zml.attempts`` and the cost;
 * an event ``zml.route.family`` per family evaluated by each routing decision (with
@@ -15,12 +22,20 @@ this plugin nearly free, and an application that configures one (``TracerProvide
   ``error.type``, ``http.response.status_code``);
 * on failure, status ERROR with ``error.type`` (the exception's class name; for a
   RoutingError also ``zml.final_error``) and the exception recorded;
-* histograms ``gen_ai.client.operation.duration`` (s) and ``gen_ai.client.token.usage``
-  ({token}, with ``gen_ai.token.type`` = ``input`` | ``output``).
+* histograms ``gen_ai.client.operation.duration`` (s), ``gen_ai.client.token.usage``
+  ({token}, with ``gen_ai.token.type`` = ``input`` | ``output``) and, for streams,
+  ``gen_ai.client.operation.time_to_first_chunk`` (s), each with ``server.address`` and
+  ``server.port`` of the node that answered;
+* the trace context sent to nodes: inside a recorded request, each attempt carries the
+  request span's context in the headers of the application's propagator
+  (``opentelemetry.propagate``: W3C ``traceparent`` by default), so a node's own traces (vLLM's)
+  join the caller's.
 
 No prompt or completion text is recorded unless ``ZML_TELEMETRY_CAPTURE_CONTENT=1`` (or
 ``OpenTelemetryPlugin(capture_content=True)``): then the request's messages are added as the
-span attribute ``gen_ai.input.messages`` (JSON).
+span attribute ``gen_ai.input.messages``, JSON in the conventions' parts schema (``role`` and
+``parts``: ``text``, ``tool_call``, ``tool_call_response``, ``uri`` or ``blob`` parts).
+The request body is parsed only while a span records.
 
 The tracer and meter come from the global providers, fetched on first use (so an application
 may configure OpenTelemetry after importing zml), unless providers are passed to the plugin.
@@ -37,6 +52,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..hookspecs import hookimpl
+from .genai import decode_body, input_messages, request_attributes
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Histogram, MeterProvider
@@ -52,6 +68,7 @@ ENV_CAPTURE_CONTENT = "ZML_TELEMETRY_CAPTURE_CONTENT"
 PROVIDER = "zml"
 RECHECK_S = 1.0
 _SPAN = "zml.otel.span"
+_CONTEXT = "zml.otel.context"
 
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
                     40.96, 81.92)
@@ -87,6 +104,7 @@ class OpenTelemetryPlugin:
         self._tracer: Tracer | None = None
         self._duration: Histogram | None = None
         self._tokens: Histogram | None = None
+        self._ttfc: Histogram | None = None
         self._explicit = tracer_provider is not None or meter_provider is not None
         self._enabled = False
         self._recheck_at = 0.0
@@ -125,7 +143,7 @@ class OpenTelemetryPlugin:
         return self._tracer
 
     def _histograms(self) -> tuple[Histogram, Histogram]:
-        if self._duration is None or self._tokens is None:
+        if self._duration is None or self._tokens is None or self._ttfc is None:
             from opentelemetry import metrics
 
             meter = metrics.get_meter("zml", _version(), meter_provider=self._meter_provider)
@@ -141,7 +159,18 @@ class OpenTelemetryPlugin:
                 description="Measures number of input and output tokens used",
                 explicit_bucket_boundaries_advisory=TOKEN_BUCKETS,
             )
+            self._ttfc = meter.create_histogram(
+                "gen_ai.client.operation.time_to_first_chunk",
+                unit="s",
+                description="Time to receive the first chunk of a streamed answer",
+                explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
+            )
         return self._duration, self._tokens
+
+    def _time_to_first_chunk(self) -> Histogram:
+        self._histograms()
+        assert self._ttfc is not None
+        return self._ttfc
 
     def _capture(self) -> bool:
         if self._capture_content is not None:
@@ -168,13 +197,23 @@ class OpenTelemetryPlugin:
             attributes["zml.policy"] = call.policy_name
         if call.accelerator is not None:
             attributes["zml.pinned_accelerator"] = call.accelerator
+        if call.stream:
+            attributes["gen_ai.request.stream"] = True
         span = self.tracer.start_span(
             f"chat {call.model}", kind=SpanKind.CLIENT, attributes=attributes
         )
-        if span.is_recording() and self._capture():
-            messages = json.loads(call.body).get("messages", [])
-            span.set_attribute("gen_ai.input.messages", json.dumps(messages, ensure_ascii=False))
+        if span.is_recording():
+            body = decode_body(call.body)
+            span.set_attributes(request_attributes(body))
+            if self._capture():
+                messages = input_messages(body.get("messages"))
+                span.set_attribute("gen_ai.input.messages",
+                                   json.dumps(messages, ensure_ascii=False))
         call.state[_SPAN] = span
+        if span.get_span_context().is_valid:
+            from opentelemetry import trace
+
+            call.state[_CONTEXT] = trace.set_span_in_context(span)
 
     @hookimpl
     def zml_request_routed(self, call: Call, routing: RoutingInfo) -> None:
@@ -196,6 +235,18 @@ class OpenTelemetryPlugin:
         if port is not None:
             span.set_attribute("server.port", port)
         _family_events(span, routing.evaluated)
+
+    @hookimpl
+    def zml_request_headers(self, call: Call, headers: dict[str, str]) -> None:
+        """Put the request span's trace context in ``headers`` (the configured propagator's
+        fields: ``traceparent`` and ``tracestate`` by default), so the node's spans join the
+        trace. Nothing outside a traced request."""
+        context = call.state.get(_CONTEXT)
+        if context is None:
+            return
+        from opentelemetry import propagate
+
+        propagate.inject(headers, context=context)
 
     @hookimpl
     def zml_attempt_failed(self, call: Call, attempt: Attempt, error: NodeError) -> None:
@@ -223,10 +274,13 @@ class OpenTelemetryPlugin:
     ) -> None:
         """Finish the span with usage and cost; record duration and token histograms."""
         span: Span | None = call.state.pop(_SPAN, None)
+        call.state.pop(_CONTEXT, None)
         if span is None:
             return
         input_tokens, output_tokens = _tokens(usage)
-        host, _ = _split_address(routing.server_address)
+        host, port = _split_address(routing.server_address)
+        ttfc = call.first_chunk_s if call.stream else None
+        node_ttft = call.ttft_s
         if span.is_recording():
             response = call.response
             attributes: dict[str, Any] = {
@@ -241,16 +295,22 @@ class OpenTelemetryPlugin:
                 attributes["gen_ai.usage.input_tokens"] = input_tokens
             if output_tokens is not None:
                 attributes["gen_ai.usage.output_tokens"] = output_tokens
+            if ttfc is not None:
+                attributes["gen_ai.response.time_to_first_chunk"] = max(0.0, ttfc)
+            if node_ttft is not None:
+                attributes["zml.ttft_s"] = max(0.0, node_ttft)
             if cost is not None:
                 attributes["zml.cost.amount"] = cost.amount
                 attributes["zml.cost.currency"] = cost.currency
                 attributes["zml.cost.basis"] = cost.basis
             span.set_attributes(attributes)
         span.end()
-        metric_attrs = self._metric_attributes(call, host, routing.accelerator)
+        metric_attrs = self._metric_attributes(call, host, port, routing.accelerator)
         metric_attrs["gen_ai.response.model"] = _response_model(call)
         duration, tokens = self._histograms()
         duration.record(max(0.0, call.elapsed_s), metric_attrs)
+        if ttfc is not None:
+            self._time_to_first_chunk().record(max(0.0, ttfc), metric_attrs)
         if input_tokens is not None:
             tokens.record(input_tokens, {**metric_attrs, "gen_ai.token.type": "input"})
         if output_tokens is not None:
@@ -260,6 +320,7 @@ class OpenTelemetryPlugin:
     def zml_request_failed(self, call: Call, error: ZMLError) -> None:
         """Finish the span with status ERROR and ``error.type``; record the duration."""
         span: Span | None = call.state.pop(_SPAN, None)
+        call.state.pop(_CONTEXT, None)
         if span is None:
             return
         from opentelemetry.trace import Status, StatusCode
@@ -267,8 +328,9 @@ class OpenTelemetryPlugin:
         error_type = type(error).__name__
         routing = getattr(error, "routing", None)
         host = accelerator = None
+        port: int | None = None
         if routing is not None:
-            host, _ = _split_address(routing.server_address)
+            host, port = _split_address(routing.server_address)
             accelerator = routing.accelerator
         if span.is_recording():
             span.set_attribute("error.type", error_type)
@@ -284,7 +346,7 @@ class OpenTelemetryPlugin:
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, _first_line(error)))
         span.end()
-        metric_attrs = self._metric_attributes(call, host, accelerator)
+        metric_attrs = self._metric_attributes(call, host, port, accelerator)
         metric_attrs["error.type"] = error_type
         duration, _ = self._histograms()
         duration.record(max(0.0, call.elapsed_s), metric_attrs)
@@ -293,6 +355,7 @@ class OpenTelemetryPlugin:
     def zml_request_cancelled(self, call: Call) -> None:
         """Finish the span, marked ``zml.cancelled`` (no error status: the caller chose)."""
         span: Span | None = call.state.pop(_SPAN, None)
+        call.state.pop(_CONTEXT, None)
         if span is not None:
             if span.is_recording():
                 span.set_attribute("zml.cancelled", True)
@@ -300,7 +363,7 @@ class OpenTelemetryPlugin:
 
     @staticmethod
     def _metric_attributes(
-        call: Call, host: str | None, accelerator: str | None
+        call: Call, host: str | None, port: int | None, accelerator: str | None
     ) -> dict[str, Any]:
         attrs: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
@@ -309,6 +372,8 @@ class OpenTelemetryPlugin:
         }
         if host:
             attrs["server.address"] = host
+            if port is not None:
+                attrs["server.port"] = port
         if accelerator:
             attrs["zml.accelerator"] = accelerator
         if call.policy_name is not None:
@@ -355,7 +420,7 @@ def _first_line(error: BaseException) -> str:
     return str(text).splitlines()[0][:300] if text else type(error).__name__
 
 
-plugin = OpenTelemetryPlugin()
+plugin: OpenTelemetryPlugin = OpenTelemetryPlugin()
 """The instance zml registers (global providers)."""
 
 

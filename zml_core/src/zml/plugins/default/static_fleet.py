@@ -19,7 +19,7 @@ class StaticFleet:
 
     def __init__(self, config: Registry) -> None:
         self.config = config
-        self.name = config.source or "zml.toml"
+        self.name: str = config.source or "zml.toml"
 
     def families(self) -> Mapping[str, AcceleratorConfig]:
         """The ``[accelerators.NAME]`` tables."""

@@ -20,7 +20,7 @@ class TomlPolicies:
     """A static policy source over a registry's validated policy tables."""
 
     def __init__(self, registry: Registry) -> None:
-        self.name = registry.source or "zml.toml"
+        self.name: str = registry.source or "zml.toml"
         self._policies = validate_policy_tables(registry)
 
     def get(self, name: str) -> Policy | None:
