@@ -60,8 +60,8 @@ def run_replay(args: argparse.Namespace) -> int:
 
     from zml.config import discover_path, load_registry, suggest
     from zml.policy import validate_policy_tables
-    from zml.sim.policy_router import PolicyRouter
-    from zml.sim.replay import ReplayFleet, ReplayRun, Router, StrategyRouter, replay
+    from zml.sim.replay import ReplayRun
+    from zml.sim.rows import plan_rows, run_row
     from zml.sim.report import plot, replay_document, rich_table, summarize
     from zml.sim.traces import read_trace
     from zml.strategies import STRATEGIES
@@ -110,35 +110,21 @@ def run_replay(args: argparse.Namespace) -> int:
 
     chosen_policies = args.policy or ([] if args.strategy else list(policies))
     chosen_strategies = args.strategy or ([] if args.policy else list(STRATEGIES))
-    default_slo = args.slo_ms
-    if default_slo is None:
-        for name in [*chosen_policies, *policies]:
-            target = policies[name].latency_target_ms
-            if target is not None:
-                default_slo = float(target)
-                break
-    rows: list[tuple[str, str, Router, float | None]] = []
-    for name in chosen_policies:
-        target = policies[name].latency_target_ms
-        rows.append((name, "policy", PolicyRouter(policies[name], policies, seed=args.seed),
-                     float(target) if target is not None else default_slo))
-    for name in chosen_strategies:
-        rows.append((name, "strategy", StrategyRouter(name, seed=args.seed), default_slo))
+    rows = plan_rows(policies, chosen_policies, chosen_strategies, args.slo_ms)
 
     console = Console(stderr=True)
     runs: list[ReplayRun] = []
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
-        for name, kind, router, slo in rows:
-            task = progress.add_task(f"{kind} {name}", total=len(arrivals))
+        for row in rows:
+            task = progress.add_task(f"{row.kind} {row.name}", total=len(arrivals))
 
             def advance(n: int, task: TaskID = task) -> None:
                 progress.update(task, completed=n)
 
-            runs.append(replay(
-                arrivals, ReplayFleet(registry), router, name=name, kind=kind,
-                default_model=model, rate_scale=args.rate_scale, slo_ms=slo, progress=advance))
+            runs.append(run_row(row, arrivals, registry, policies, default_model=model,
+                                rate_scale=args.rate_scale, seed=args.seed, progress=advance))
     wall = time.perf_counter() - started
     results = [summarize(run) for run in runs]
     virtual = max(run.virtual_s for run in runs)
