@@ -197,8 +197,7 @@ def replay_policy(
                         schedule(max(op.until, clock.now), state)
                     ticket = op.ticket
                     if ticket is not None:
-                        gen = state.gen
-                        ticket.arm(lambda s=state, g=gen: _wake(s, g))
+                        ticket.arm(_waker(state, state.gen))
                     return
                 op, value = call.advance(state.flow, result)
         except BaseException as exc:  # the flow ended the request (its typed error)
@@ -206,9 +205,11 @@ def replay_policy(
             return
         _first_token(state, value)
 
-    def _wake(state: _Live, gen: int) -> None:
-        if state.gen == gen:
-            heapq.heappush(resumes, (clock.now, _next_seq(), state, gen))
+    def _waker(state: _Live, gen: int) -> Callable[[], None]:
+        def wake() -> None:  # a slot freed: resume the queued request now (if still waiting)
+            if state.gen == gen:
+                heapq.heappush(resumes, (clock.now, _next_seq(), state, gen))
+        return wake
 
     def _next_seq() -> int:
         nonlocal seq
@@ -321,6 +322,6 @@ def replay_policy(
         d.close()
     if progress is not None:
         progress(count)
-    run = ReplayRun(name, "policy", outcomes, models, last, slo_ms)
-    run.extra["fleet"] = d.fleet  # the production fleet's state at the end (for inspection)
-    return run
+    result = ReplayRun(name, "policy", outcomes, models, last, slo_ms)
+    result.extra["fleet"] = d.fleet  # the production fleet's state at the end (for inspection)
+    return result
