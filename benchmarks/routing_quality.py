@@ -28,11 +28,14 @@ knee.
 
 The script prints the table per trace and load, then a summary block with lines such as::
 
-    quality azure 80% slo zml=0.970 best_baseline=0.950 (least_busy) cost zml=12.30 rr=13.10 lb=12.90
+    quality azure 80% slo zml=0.970 best_baseline=0.950 (least_busy) cost zml=12.30 rr=13.10 ...
     prefix mooncake 80% hit zml+prefix=0.41 lb=0.12 p99 zml+prefix=900 lb=1500 rr=2100
 
-and, per line, whether the issue's bar is met (``ok`` / ``MISS``). Figures are not tuned: the
-fleet and traces are used as they are.
+and, per line, whether the issue's bar is met (``ok`` / ``MISS``: SLO attainment at least every
+baseline's and cost no higher than round_robin's and least_busy's; for prefix affinity, a hit
+rate at least 2x least_busy's and a lower p99 TTFT than least_busy and round_robin). A row's
+cost counts only completed requests, so a row that rejects requests looks cheap: read the cost
+with ``completed``. Figures are not tuned: the fleet and traces are used as they are.
 """
 
 from __future__ import annotations
@@ -152,7 +155,8 @@ def summarize_load(trace: str, load: float, rows: dict[str, dict[str, Any]],
     ok = zslo >= bslo and z["cost_usd"] <= rows["round_robin"]["cost_usd"] \
         and z["cost_usd"] <= rows["least_busy"]["cost_usd"]
     lines = [f"quality {trace} {load:.0%} slo zml={zslo:.3f} best_baseline={bslo:.3f} ({best}) "
-             f"cost zml={z['cost_usd']:.2f} {costs} -> {'ok' if ok else 'MISS'}"]
+             f"cost zml={z['cost_usd']:.2f} {costs} completed zml={z['completed']}/{z['requests']} "
+             f"errors zml={sum(z['errors'].values())} -> {'ok' if ok else 'MISS'}"]
     if affinity is not None and affinity in rows:
         a, lb, rr = rows[affinity], rows["least_busy"], rows["round_robin"]
 

@@ -209,7 +209,7 @@ def plot(runs: Sequence[ReplayRun], path: str) -> None:
         ax.set_xlabel("virtual time (s)")
         ax.set_ylim(0, 1)
     fig.tight_layout()
-    fig.savefig(target)
+    fig.savefig(target, dpi=80)
     plt.close(fig)
 
 
