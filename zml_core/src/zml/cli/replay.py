@@ -1,8 +1,11 @@
 """``zml sim replay TRACE --config zml.toml``: replay a trace in virtual time, compare routings.
 
 Each ``--policy NAME`` and ``--strategy NAME`` is one row, replayed on a fresh copy of the
-config's fleet (node models built from ``[[nodes]]`` and their ``sim`` tables). Without
-either, every policy of the config and every baseline strategy is replayed. Bad input (a
+config's fleet (node models built from ``[[nodes]]`` and their ``sim`` tables): policy rows
+through the production core on a virtual clock (:mod:`zml.sim.virtual`), strategy rows on the
+replay engine (:mod:`zml.sim.rows`). ``--live`` sends the policy rows in real time to the
+config's nodes instead (:mod:`zml.sim.live`). Without
+``--policy`` or ``--strategy``, every policy of the config and every baseline strategy is replayed. Bad input (a
 missing or malformed trace, an unknown policy or strategy, a rate scale <= 0) is one clear
 message and exit status 2.
 """

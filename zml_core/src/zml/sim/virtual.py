@@ -33,12 +33,14 @@ the built-in flow, and the table would show it.
 
 Simplifications: requests are built directly as :class:`zml.dispatch.Request` (no JSON body is
 encoded; ``prompt_chars`` is ``prompt_tokens x CHARS_PER_TOKEN`` so routing sees the size
-hint it would see live); the overall deadline is off (``Timeouts(total=None)``), as a replay
+hint it would see live; when ``Request`` has a ``prefix_blocks`` field, the trace's block ids
+go there); the overall deadline is off (``Timeouts(total=None)``), as a replay
 measures latency rather than enforcing it; a request is never cancelled mid-stream.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -62,6 +64,10 @@ CHARS_PER_TOKEN = 4
 
 _INF = math.inf
 _NO_METADATA = frozen_metadata(None)
+_REQUEST_FIELDS = frozenset(f.name for f in dataclasses.fields(Request))
+_BLOCKS_FIELD = "prefix_blocks" in _REQUEST_FIELDS
+"""Whether requests carry their prompt's prefix-block ids (for ``affinity = "prefix"``
+routing): when they do, the trace's block ids are passed as they are."""
 
 
 class VirtualClock:
@@ -266,10 +272,11 @@ def replay_policy(
                 out.error = "policy_not_found"
                 return
             chosen = named
+        extra: dict[str, Any] = {"prefix_blocks": a.blocks} if _BLOCKS_FIELD else {}
         request = Request(
             model=a.model or default_model, policy=chosen, accelerator=None, body=b"",
             stream=True, metadata=_NO_METADATA, timeouts=timeouts, started_at=now,
-            prompt_chars=a.prompt_tokens * CHARS_PER_TOKEN)
+            prompt_chars=a.prompt_tokens * CHARS_PER_TOKEN, **extra)
         call = Call(d, request)
         call.notify_started()
         state = _Live(call, out, ModelRequest(a.index, a.prompt_tokens, a.output_tokens,
