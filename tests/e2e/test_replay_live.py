@@ -5,7 +5,7 @@ time (the production core against node models) and live (zml.AsyncClient over re
 HTTP to `zml.sim` nodes running the same model at ``time_scale``). The two must agree within 5
 points on each family's share and within 25% on TTFT p50 — the check that replay models the
 live path. The run is bounded: 300 requests, the trace compressed by ``RATE`` and the nodes'
-time by ``TIME_SCALE`` (about 45 s in all; a smaller time scale packs the same CPU work
+time by ``TIME_SCALE`` (about 90 s in all; a smaller time scale packs the same CPU work
 into less time and the loaded machine, not the model, then decides the TTFT), each request
 with the client's timeout.
 """
@@ -35,7 +35,7 @@ from zml.sim.virtual import replay_policy
 TRACE = Path(__file__).parents[1] / "fixtures" / "traces" / "azure-conv-300.csv"
 MODEL = "m"
 RATE = 2.0
-TIME_SCALE = 0.5
+TIME_SCALE = 1.0
 FLEET = """
 [accelerators.L4]
 cost_per_hour = 0.8
@@ -120,4 +120,4 @@ def test_live_and_virtual_replay_of_the_same_slice_agree(tmp_path: Path) -> None
         virtual_share = virtual_row["share_by_family"].get(family, 0.0)
         assert abs(live_share - virtual_share) <= 0.05, (family, live_row, virtual_row)
     live_p50, virtual_p50 = live_row["ttft_ms"]["p50"], virtual_row["ttft_ms"]["p50"]
-    assert live_p50 == pytest.approx(virtual_p50, rel=0.25), (live_row, virtual_row)
+    assert live_p50 == pytest.approx(virtual_p50, rel=0.25), (live_p50, virtual_p50)
