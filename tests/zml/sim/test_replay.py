@@ -10,11 +10,11 @@ from zml.config import load_registry, registry_from_mapping
 from zml.errors import PolicyConfigError
 from zml.policy import validate_policy_tables
 from zml.sim.from_config import node_profile
-from zml.sim.policy_router import PolicyRouter
 from zml.sim.profiles import profile_for
 from zml.sim.replay import Reject, ReplayFleet, StrategyRouter, replay
 from zml.sim.report import replay_document, summarize
 from zml.sim.traces import Arrival, read_trace
+from zml.sim.virtual import replay_policy
 from zml.strategies import STRATEGIES
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "traces"
@@ -36,20 +36,22 @@ def registry(slots: int = 8, max_queue: int = 8, queue_size: int = 64, nodes: in
     return registry_from_mapping(table)
 
 
-def routers(reg):
+def runs(reg, arrivals, **kw):
+    """The policy row (through the production core) and every strategy row."""
     policies = validate_policy_tables(reg)
-    yield "cheap", "policy", PolicyRouter(policies["cheap"], policies)
+    yield replay_policy(arrivals, reg, policies, policies["cheap"], name="cheap",
+                        default_model=MODEL, **kw)
     for name in STRATEGIES:
-        yield name, "strategy", StrategyRouter(name)
+        yield replay(arrivals, ReplayFleet(reg), StrategyRouter(name), name=name,
+                     kind="strategy", default_model=MODEL, **kw)
 
 
 @pytest.mark.parametrize("trace", ["azure-conv-300.csv", "mooncake-conv-300.jsonl", "zml-sample.jsonl"])
 def test_every_request_is_accounted_for_in_every_row(trace):
     arrivals = list(read_trace(FIXTURES / trace))
     reg = registry(slots=4, max_queue=2, queue_size=4)
-    for name, kind, router in routers(reg):
-        run = replay(arrivals, ReplayFleet(reg), router, name=name, kind=kind,
-                     default_model=MODEL, rate_scale=4.0, slo_ms=1000)
+    for run in runs(reg, arrivals, rate_scale=4.0, slo_ms=1000):
+        name = run.name
         row = summarize(run)
         assert row["requests"] == len(arrivals)
         assert row["completed"] + sum(row["errors"].values()) == len(arrivals), name
@@ -103,8 +105,8 @@ def test_errors_have_their_final_error():
     assert strategy["completed"] == 2
     assert strategy["errors"] == {"attempts_exhausted": 3, "context_length_exceeded": 1}
     policies = validate_policy_tables(reg)
-    policy = summarize(replay(burst, ReplayFleet(reg), PolicyRouter(policies["cheap"]),
-                              name="cheap", kind="policy", default_model=MODEL, slo_ms=10_000))
+    policy = summarize(replay_policy(burst, reg, policies, policies["cheap"], name="cheap",
+                                     default_model=MODEL, slo_ms=10_000))
     assert policy["errors"] == {"no_viable_node": 3}
     assert policy["slo_attainment"] == pytest.approx(2 / 5)  # errors count as misses
 

@@ -1,8 +1,11 @@
 """``zml sim replay TRACE --config zml.toml``: replay a trace in virtual time, compare routings.
 
 Each ``--policy NAME`` and ``--strategy NAME`` is one row, replayed on a fresh copy of the
-config's fleet (node models built from ``[[nodes]]`` and their ``sim`` tables). Without
-either, every policy of the config and every baseline strategy is replayed. Bad input (a
+config's fleet (node models built from ``[[nodes]]`` and their ``sim`` tables): policy rows
+through the production core on a virtual clock (:mod:`zml.sim.virtual`), strategy rows on the
+replay engine (:mod:`zml.sim.rows`). ``--live`` sends the policy rows in real time to the
+config's nodes instead (:mod:`zml.sim.live`). Without
+``--policy`` or ``--strategy``, every policy of the config and every baseline strategy is replayed. Bad input (a
 missing or malformed trace, an unknown policy or strategy, a rate scale <= 0) is one clear
 message and exit status 2.
 """
@@ -43,6 +46,14 @@ def add_replay_parser(sim_sub: Any) -> None:
     p.add_argument("--plot", metavar="OUT", help="draw TTFT CDFs and family shares (.png with "
                    "matplotlib, or .html)")
     p.add_argument("--seed", type=int, default=0, help="seed of the routers' random choices")
+    p.add_argument("--live", action="store_true", help="send the trace in real time to the "
+                   "config's nodes (simulated or real) with zml.AsyncClient instead of "
+                   "modelling them (policy rows)")
+    p.add_argument("--concurrency", type=int, default=64, metavar="N",
+                   help="--live: requests in flight at most (default 64)")
+    p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
+                   help="--live: the --time-scale the simulated nodes run with (waits are "
+                   "scaled by it, figures reported in the trace's seconds)")
     p.set_defaults(handler=run_replay)
 
 
@@ -60,9 +71,9 @@ def run_replay(args: argparse.Namespace) -> int:
 
     from zml.config import discover_path, load_registry, suggest
     from zml.policy import validate_policy_tables
-    from zml.sim.policy_router import PolicyRouter
-    from zml.sim.replay import ReplayFleet, ReplayRun, Router, StrategyRouter, replay
+    from zml.sim.replay import ReplayRun
     from zml.sim.report import plot, replay_document, rich_table, summarize
+    from zml.sim.rows import plan_rows, run_row
     from zml.sim.traces import read_trace
     from zml.strategies import STRATEGIES
 
@@ -71,6 +82,12 @@ def run_replay(args: argparse.Namespace) -> int:
                                   param="rate_scale")
     if args.limit is not None and args.limit < 1:
         raise InvalidRequestError(f"--limit must be >= 1, got {args.limit!r}", param="limit")
+    if not args.time_scale > 0 or args.time_scale == float("inf"):
+        raise InvalidRequestError(f"--time-scale must be a number > 0, got {args.time_scale!r}",
+                                  param="time_scale")
+    if args.concurrency < 1:
+        raise InvalidRequestError(f"--concurrency must be >= 1, got {args.concurrency!r}",
+                                  param="concurrency")
     if args.slo_ms is not None and not args.slo_ms > 0:
         raise InvalidRequestError(f"--slo-ms must be > 0, got {args.slo_ms!r}", param="slo_ms")
     for name in args.strategy:
@@ -109,44 +126,41 @@ def run_replay(args: argparse.Namespace) -> int:
         raise InvalidRequestError(f"{args.trace}: the trace has no requests", param="trace")
 
     chosen_policies = args.policy or ([] if args.strategy else list(policies))
-    chosen_strategies = args.strategy or ([] if args.policy else list(STRATEGIES))
-    default_slo = args.slo_ms
-    if default_slo is None:
-        for name in [*chosen_policies, *policies]:
-            target = policies[name].latency_target_ms
-            if target is not None:
-                default_slo = float(target)
-                break
-    rows: list[tuple[str, str, Router, float | None]] = []
-    for name in chosen_policies:
-        target = policies[name].latency_target_ms
-        rows.append((name, "policy", PolicyRouter(policies[name], policies, seed=args.seed),
-                     float(target) if target is not None else default_slo))
-    for name in chosen_strategies:
-        rows.append((name, "strategy", StrategyRouter(name, seed=args.seed), default_slo))
+    chosen_strategies = args.strategy or ([] if args.policy or args.live else list(STRATEGIES))
+    if args.live and args.strategy:
+        raise InvalidRequestError(
+            "--live replays policy rows only (a baseline strategy is a virtual-time row); "
+            "drop --strategy, or give a policy of the config a strategy and pass --policy",
+            param="strategy")
+    rows = plan_rows(policies, chosen_policies, chosen_strategies, args.slo_ms)
 
     console = Console(stderr=True)
     runs: list[ReplayRun] = []
     started = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True) as progress:
-        for name, kind, router, slo in rows:
-            task = progress.add_task(f"{kind} {name}", total=len(arrivals))
+        for row in rows:
+            task = progress.add_task(f"{row.kind} {row.name}", total=len(arrivals))
 
             def advance(n: int, task: TaskID = task) -> None:
                 progress.update(task, completed=n)
 
-            runs.append(replay(
-                arrivals, ReplayFleet(registry), router, name=name, kind=kind,
-                default_model=model, rate_scale=args.rate_scale, slo_ms=slo, progress=advance))
+            if args.live:
+                runs.append(_live_row(path, registry, row.name, row.slo_ms, arrivals, model,
+                                      args, advance))
+            else:
+                runs.append(run_row(row, arrivals, registry, policies, default_model=model,
+                                    rate_scale=args.rate_scale, seed=args.seed,
+                                    progress=advance))
     wall = time.perf_counter() - started
     results = [summarize(run) for run in runs]
     virtual = max(run.virtual_s for run in runs)
     out = Console()
     if not out.is_terminal:  # a file or a pipe: do not squeeze the table into 80 columns
         out = Console(width=max(out.width, 200))
+    mode = "s of trace time live" if args.live else "s virtual"
     out.print(rich_table(results, title=f"{args.trace}: {len(arrivals):,} requests x "
-                         f"{args.rate_scale:g} rate, {virtual:,.0f} s virtual in {wall:.1f} s"))
+                         f"{args.rate_scale:g} rate, {virtual:,.0f} {mode} in {wall:.1f} s"))
     if args.json:
         doc = replay_document(str(args.trace), len(arrivals), wall, virtual, results)
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
@@ -155,3 +169,21 @@ def run_replay(args: argparse.Namespace) -> int:
         plot(runs, args.plot)
         out.print(f"plot written to {args.plot}")
     return 0
+
+
+def _live_row(path: Any, registry: Any, name: str, slo_ms: float | None, arrivals: Any,
+              model: str, args: argparse.Namespace, progress: Any) -> Any:
+    """One policy row sent in real time with a fresh AsyncClient (its own fleet state)."""
+    import asyncio
+
+    from zml import AsyncClient
+    from zml.sim.live import replay_live
+
+    async def main() -> Any:
+        async with AsyncClient(config=path) as client:
+            return await replay_live(
+                arrivals, client, registry, name=name, kind="policy", policy=name,
+                default_model=model, rate_scale=args.rate_scale, time_scale=args.time_scale,
+                concurrency=args.concurrency, slo_ms=slo_ms, progress=progress)
+
+    return asyncio.run(main())

@@ -1,5 +1,9 @@
 """Trace replay in virtual time: a fleet of node models, arrivals from a trace, a router.
 
+This engine runs the baseline-strategy rows (``--strategy``) and any custom router; the
+``--policy`` rows run through the production core instead, with the virtual-clock driver of
+:mod:`zml.sim.virtual` (which reuses this module's :class:`ReplayFleet` and :class:`Outcome`).
+
 Replay answers "how would this routing have done on that traffic, on this fleet?" in seconds
 of wall time for an hour of traffic: no sockets and no sleeping. The engine owns the clock and
 the node models (:class:`zml.sim.model.NodeModel`, one per ``[[nodes]]`` of a ``zml.toml``);

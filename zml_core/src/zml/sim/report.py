@@ -12,7 +12,7 @@ Per row (``summarize``):
   misses; null when there is no target);
 * ``share_by_family``: the share of all requests placed on each family;
 * ``prefix_cache_hit_rate``: prompt tokens served from prefix caches / prompt tokens prefilled,
-  over the fleet;
+  over the fleet (a ``--live`` run: as the nodes' usage reports it, null when it does not);
 * ``cost_usd``: the sum of the requests' attributed costs (the default cost model of
   ``response.routing.cost``: ``cost_per_1k_tokens`` x tokens, else ``cost_per_hour`` x the time
   the request held its slot / ``max_concurrency``), and ``usd_per_1m_output_tokens`` (over
@@ -93,10 +93,17 @@ def summarize(run: ReplayRun, slo_ms: float | None = None) -> dict[str, Any]:
         "slo_ms": slo,
         "slo_attainment": None if met is None else round(met, 6),
         "share_by_family": {f: round(c / total, 6) for f, c in families.items()} if total else {},
-        "prefix_cache_hit_rate": round(hit_rate([n.model for n in run.fleet.nodes]), 6),
+        "prefix_cache_hit_rate": _hit_rate(run),
         "cost_usd": round(cost, 6),
         "usd_per_1m_output_tokens": round(cost / out_tokens * 1e6, 6) if out_tokens else None,
     }
+
+
+def _hit_rate(run: ReplayRun) -> float | None:
+    if "prefix_cache_hit_rate" in run.extra:  # a live run: what the nodes reported, if any
+        live = run.extra["prefix_cache_hit_rate"]
+        return None if live is None else round(float(live), 6)  # type: ignore[arg-type]
+    return round(hit_rate([n.model for n in run.fleet.nodes]), 6)
 
 
 def replay_document(trace: str, requests: int, wall_s: float, virtual_s: float,
@@ -129,7 +136,7 @@ def rich_table(rows: Sequence[dict[str, Any]], title: str = "replay") -> Any:
             f"{_fmt(t['p50'])} / {_fmt(t['p90'])} / {_fmt(t['p99'])}",
             f"{_fmt(e['p50'])} / {_fmt(e['p99'])}",
             "—" if slo is None else f"{slo:.1%} ≤{r['slo_ms']:g}ms",
-            share, f"{r['prefix_cache_hit_rate']:.1%}", _fmt(r["cost_usd"], 2),
+            share, "—" if r["prefix_cache_hit_rate"] is None else f"{r['prefix_cache_hit_rate']:.1%}", _fmt(r["cost_usd"], 2),
             _fmt(r["usd_per_1m_output_tokens"], 3),
         )
     return table
@@ -202,7 +209,7 @@ def plot(runs: Sequence[ReplayRun], path: str) -> None:
         ax.set_xlabel("virtual time (s)")
         ax.set_ylim(0, 1)
     fig.tight_layout()
-    fig.savefig(target)
+    fig.savefig(target, dpi=80)
     plt.close(fig)
 
 
