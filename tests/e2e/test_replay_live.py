@@ -91,6 +91,7 @@ def sim_serve(config: Path) -> Iterator[None]:
         proc.wait(timeout=10)
 
 
+@pytest.mark.slow_e2e
 def test_live_and_virtual_replay_of_the_same_slice_agree(tmp_path: Path) -> None:
     arrivals = list(read_trace(TRACE))
     assert len(arrivals) == 300
