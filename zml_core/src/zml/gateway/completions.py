@@ -247,10 +247,7 @@ class ChatCompletions:
                 selection.model, request.messages, policy=selection.policy,
                 metadata=request.metadata, extra_body=request.extra)
         except Exception as exc:
-            reply = reply_for(exc)
-            outcome.failed(reply, getattr(exc, "routing", None))
-            guard.active = False
-            await send_error(send, reply)
+            await _refuse(exc, send, guard, outcome)
             return
         routing = completion.routing
         outcome.served(routing)
@@ -271,10 +268,7 @@ class ChatCompletions:
         try:
             await stream.__aenter__()
         except Exception as exc:
-            reply = reply_for(exc)
-            outcome.failed(reply, getattr(exc, "routing", None))
-            guard.active = False
-            await send_error(send, reply)
+            await _refuse(exc, send, guard, outcome)
             return
         try:
             routing = stream.routing
@@ -351,3 +345,11 @@ class Outcome:
         self.kind = reply.outcome
         if routing is not None:
             self.served(routing)
+
+
+async def _refuse(exc: Exception, send: Send, guard: _Guard, outcome: Outcome) -> None:
+    """The request failed before its answer started: one OpenAI-shaped error reply."""
+    reply = reply_for(exc)
+    outcome.failed(reply, getattr(exc, "routing", None))
+    guard.active = False
+    await send_error(send, reply)
