@@ -206,7 +206,7 @@ async def _cold(config: Path, mode: str, n: int, concurrency: int, rounds: int
 
 def bench_requests(n: int, rounds: int, cold_n: int) -> dict[str, tuple[float, float]]:
     out: dict[str, tuple[float, float]] = {}
-    with sim_nodes(NODES, slots=256, time_scale=0.0) as config:
+    with sim_nodes(NODES, slots=256, time_scale=1e-9) as config:
         async def main() -> None:
             async with Side(config, True) as z:
                 chunks = await z.stream()
@@ -226,7 +226,7 @@ def bench_requests(n: int, rounds: int, cold_n: int) -> dict[str, tuple[float, f
 
 
 def bench_first_request(runs: int = 5) -> dict[str, float]:
-    with sim_nodes(1, slots=8, time_scale=0.0) as config:
+    with sim_nodes(1, slots=8, time_scale=1e-9) as config:
         import zml
 
         url = zml.Client(config=config).registry.nodes[0].url + "/v1/chat/completions"

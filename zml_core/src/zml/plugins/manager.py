@@ -223,6 +223,27 @@ def _wanted(environ: Mapping[str, str]) -> tuple[bool, frozenset[str] | None]:
     return autoload, frozenset(n.strip() for n in listed.split(",") if n.strip())
 
 
+def _group_entry_points() -> list[metadata.EntryPoint]:
+    """The installed entry points of group ``zml``, first distribution on the path first.
+
+    ``entry_points(group=...)`` reads only each distribution's ``entry_points.txt``: walking
+    ``distributions()`` and their ``metadata`` parses every installed package's METADATA
+    file (about 0.1 s with 150 packages), which the first client must not pay.
+    """
+    return list(metadata.entry_points(group=GROUP))
+
+
+def _dist_name(ep: metadata.EntryPoint) -> str:
+    """The name of the distribution that declares ``ep`` ("" when unknown)."""
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return ""
+    try:
+        return str(dist.name or "")
+    except Exception:  # a broken METADATA file must not stop the other plugins
+        return ""
+
+
 def discover(
     pm: PluginManager, environ: Mapping[str, str] | None = None
 ) -> list[tuple[str, str]]:
@@ -237,14 +258,13 @@ def discover(
     if not autoload and not only:
         return []
     found: dict[str, tuple[metadata.EntryPoint, str]] = {}
-    for dist in metadata.distributions():
-        dist_name = dist.metadata["Name"] or ""
-        for ep in dist.entry_points:
-            if ep.group != GROUP or ep.name in found:
-                continue
-            if only is not None and ep.name not in only and dist_name not in only:
-                continue
-            found[ep.name] = (ep, dist_name)
+    for ep in _group_entry_points():
+        if ep.name in found:
+            continue
+        dist_name = _dist_name(ep)
+        if only is not None and ep.name not in only and dist_name not in only:
+            continue
+        found[ep.name] = (ep, dist_name)
     loaded: list[tuple[str, str]] = []
     for name in sorted(found, reverse=True):
         ep, dist_name = found[name]
