@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from . import routing
 from .config import EMPTY_REGISTRY, Registry, discover_path, load_registry
+from .connections import async_http_client
 from .dispatch import (
     MAX_ATTEMPTS,
     Call,
@@ -477,7 +478,7 @@ class AsyncClient(_BaseClient):
     ) -> None:
         super().__init__(api_key, config, timeout, max_attempts, fleet)
         self._own_http = http_client is None
-        self._http = http_client or httpx2.AsyncClient(limits=_LIMITS)
+        self._http = http_client or async_http_client(_LIMITS)
         self._prober = None if probe_interval_s is None else Prober(self.fleet, probe_interval_s)
 
     def _start_probing(self) -> None:
