@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx2
 
-__all__ = ["NodePools", "async_http_client"]
+__all__ = ["NodePools", "SyncNodePools", "async_http_client", "sync_http_client"]
 
 
 def async_http_client(limits: httpx2.Limits) -> httpx2.AsyncClient:
@@ -36,6 +36,18 @@ def async_http_client(limits: httpx2.Limits) -> httpx2.AsyncClient:
     if urllib.request.getproxies():
         return httpx2.AsyncClient(limits=limits)
     return httpx2.AsyncClient(transport=NodePools(limits))
+
+
+def sync_http_client(limits: httpx2.Limits) -> httpx2.Client:
+    """The sync client's own HTTP client: per-node pools unless a proxy is configured.
+
+    httpcore2's sync backend answers its liveness question cheaply already; what the sync
+    client gains is the per-node scan and no TLS context for a fleet of ``http`` nodes
+    (loading the CA bundle is a good part of a first request's cost).
+    """
+    if urllib.request.getproxies():
+        return httpx2.Client(limits=limits)
+    return httpx2.Client(transport=SyncNodePools(limits))
 
 
 def _readable(sock: Any) -> bool:
@@ -133,7 +145,60 @@ def _speed_up(transport: httpx2.AsyncHTTPTransport) -> None:
         pool._network_backend = _FastBackend(backend)  # type: ignore[union-attr]
 
 
-class NodePools(httpx2.AsyncBaseTransport):
+class _Origins:
+    """Per-origin transports of one kind, and the TLS contexts they share."""
+
+    def __init__(self, limits: httpx2.Limits) -> None:
+        self._limits = limits
+        self._tls: ssl.SSLContext | None = None
+        self._unused_tls: ssl.SSLContext | None = None
+
+    def _verify(self, url: httpx2.URL) -> ssl.SSLContext:
+        """The TLS context for a new pool to ``url``'s origin.
+
+        Only https pools read it: an http pool gets a cheap one with no CA loaded (which would
+        refuse every certificate), so a fleet of http nodes never loads the CA bundle.
+        """
+        if url.raw_scheme == b"https":
+            if self._tls is None:
+                self._tls = httpx2.create_ssl_context()
+            return self._tls
+        if self._unused_tls is None:
+            self._unused_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        return self._unused_tls
+
+
+class SyncNodePools(_Origins, httpx2.BaseTransport):
+    """The sync twin of :class:`NodePools`: one ``httpx2.HTTPTransport`` per origin.
+
+    Args:
+        limits: the limits of each pool (so ``max_connections`` is per node).
+    """
+
+    def __init__(self, limits: httpx2.Limits) -> None:
+        super().__init__(limits)
+        self._pools: dict[tuple[bytes, bytes, int | None], httpx2.HTTPTransport] = {}
+
+    def _pool(self, url: httpx2.URL) -> httpx2.HTTPTransport:
+        key = (url.raw_scheme, url.raw_host, url.port)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools.setdefault(
+                key, httpx2.HTTPTransport(verify=self._verify(url), limits=self._limits))
+        return pool
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        """Send ``request`` on its origin's pool."""
+        return self._pool(request.url).handle_request(request)
+
+    def close(self) -> None:
+        """Close every pool (and its connections)."""
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
+
+
+class NodePools(_Origins, httpx2.AsyncBaseTransport):
     """An httpx2 transport with one connection pool per origin (one per node).
 
     Args:
@@ -141,31 +206,17 @@ class NodePools(httpx2.AsyncBaseTransport):
     """
 
     def __init__(self, limits: httpx2.Limits) -> None:
-        self._limits = limits
+        super().__init__(limits)
         self._pools: dict[tuple[bytes, bytes, int | None], httpx2.AsyncHTTPTransport] = {}
-        self._tls: ssl.SSLContext | None = None
-        self._unused_tls: ssl.SSLContext | None = None
 
     def _pool(self, url: httpx2.URL) -> httpx2.AsyncHTTPTransport:
         key = (url.raw_scheme, url.raw_host, url.port)
         pool = self._pools.get(key)
         if pool is None:
-            https = url.raw_scheme == b"https"
-            if https and self._tls is None:
-                self._tls = httpx2.create_ssl_context()
-            # ``verify`` is only used for https: an http pool gets a context it never reads
-            # (a cheap one with no CA loaded, which would refuse every certificate), so a
-            # fleet of http nodes never loads the CA bundle.
-            verify = self._tls if https and self._tls is not None else self._unused()
-            pool = httpx2.AsyncHTTPTransport(verify=verify, limits=self._limits)
+            pool = httpx2.AsyncHTTPTransport(verify=self._verify(url), limits=self._limits)
             _speed_up(pool)
             self._pools[key] = pool
         return pool
-
-    def _unused(self) -> ssl.SSLContext:
-        if self._unused_tls is None:
-            self._unused_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        return self._unused_tls
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         """Send ``request`` on its origin's pool."""
