@@ -14,7 +14,8 @@ from zml.plugins.manager import PluginManager
 
 
 class View:
-    metadata = {"team": "a"}
+    def __init__(self) -> None:
+        self.metadata = {"team": "a"}
 
 
 def manager(*plugins: object) -> PluginManager:
