@@ -85,11 +85,12 @@ if _TYPES is not None:
     class _FastStream(_StreamBase):  # type: ignore[misc, valid-type]
         """A network stream that remembers its socket (the rest is the wrapped stream's)."""
 
-        __slots__ = ("_inner", "_sock")
-
         def __init__(self, inner: Any) -> None:
             self._inner = inner
             self._sock = inner.get_extra_info("socket")
+            # Reads and writes go straight to the wrapped stream (no extra coroutine per I/O).
+            self.read = inner.read  # type: ignore[method-assign]
+            self.write = inner.write  # type: ignore[method-assign]
 
         async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
             data: bytes = await self._inner.read(max_bytes, timeout)
