@@ -60,8 +60,13 @@ def _free_port() -> int:
 
 
 def _config(ports: list[int], slots: int, tokens_per_s: float | None = None) -> str:
-    sim = f"\n[nodes.sim]\ntokens_per_s = {tokens_per_s}\nqueue_size = 4096\n" if tokens_per_s \
-        else "\n[nodes.sim]\nqueue_size = 4096\n"
+    # A node that never slows down with its batch or context and never runs out of KV cache
+    # (the simulator's defaults model a real GPU: with 1,000 streams open, its first tokens
+    # would come minutes late). Only the pace of tokens is set, for the memory benchmark.
+    sim = ("\n[nodes.sim]\nqueue_size = 4096\nbatch_slowdown = 0\ncontext_ms_per_1k_tokens = 0\n"
+           "kv_cache_tokens = 1000000000\nttft_ms = 1\n")
+    if tokens_per_s:
+        sim += f"tokens_per_s = {tokens_per_s}\n"
     nodes = "".join(
         f"\n[[nodes]]\nid = \"bench{i}\"\nfamily = \"H100\"\nurl = \"http://127.0.0.1:{port}\"\n"
         f"models = [\"{MODEL}\"]\nmax_concurrency = {slots}\n{sim}"
