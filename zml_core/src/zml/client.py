@@ -7,7 +7,6 @@ What is left here is what differs between sync and async: sending, waiting and s
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 
 from . import routing
 from .config import EMPTY_REGISTRY, Registry, discover_path, load_registry
+from .connections import async_http_client, sync_http_client
 from .dispatch import (
     MAX_ATTEMPTS,
     Call,
@@ -36,8 +36,6 @@ from .dispatch import (
 from .errors import InvalidRequestError, NodeProtocolError, PolicyConfigError
 from .fleet import Fleet
 from .policy import Policy, PolicyRef, resolve_policy
-from .probe import Prober
-from .streaming import AsyncStream, Stream
 from .transport import (
     aread_body,
     check_status,
@@ -51,6 +49,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from .plugins.manager import PluginManager
+    from .streaming import AsyncStream, Stream
 
 __all__ = ["NOT_GIVEN", "AsyncClient", "Client", "NotGiven"]
 
@@ -329,7 +328,7 @@ class Client(_BaseClient):
     ) -> None:
         super().__init__(api_key, config, timeout, max_attempts, fleet)
         self._own_http = http_client is None
-        self._http = http_client or httpx2.Client(limits=_LIMITS)
+        self._http = http_client or sync_http_client(_LIMITS)
         self._probe_stop: threading.Event | None = None
 
     def start_probing(self, interval_s: float = 2.0) -> None:
@@ -339,6 +338,8 @@ class Client(_BaseClient):
         if self._probe_stop is not None:
             return
         stop = self._probe_stop = threading.Event()
+        from .probe import Prober
+
         prober = Prober(self.fleet, interval_s)
 
         def run() -> None:
@@ -404,6 +405,8 @@ class Client(_BaseClient):
         Leaving the loop early or calling ``close()`` cancels the request on the node.
         """
         call = self._call(model, messages, policy, accelerator, params, True, metadata, timeout)
+        from .streaming import Stream
+
         return Stream(call, self._http, self._wait)
 
     def _post(self, call: Call, step: Step) -> dict[str, Any]:
@@ -477,7 +480,12 @@ class AsyncClient(_BaseClient):
     ) -> None:
         super().__init__(api_key, config, timeout, max_attempts, fleet)
         self._own_http = http_client is None
-        self._http = http_client or httpx2.AsyncClient(limits=_LIMITS)
+        self._http = http_client or async_http_client(_LIMITS)
+        # Imported here, not with the module: the sync client needs neither (nor asyncio).
+        from .probe import Prober
+        from .streaming import AsyncStream
+
+        self._stream_type = AsyncStream
         self._prober = None if probe_interval_s is None else Prober(self.fleet, probe_interval_s)
 
     def _start_probing(self) -> None:
@@ -518,7 +526,7 @@ class AsyncClient(_BaseClient):
         ``async with``). See :meth:`Client.infer_stream`.
         """
         call = self._call(model, messages, policy, accelerator, params, True, metadata, timeout)
-        return AsyncStream(call, self._http, self._wait, self._start_probing)
+        return self._stream_type(call, self._http, self._wait, self._start_probing)
 
     async def _post(self, call: Call, step: Step) -> dict[str, Any]:
         node_id = step.node.id
@@ -535,6 +543,8 @@ class AsyncClient(_BaseClient):
         return decode_completion(content, node_id)
 
     async def _wait(self, wait: Wait) -> None:
+        import asyncio
+
         delay = max(0.0, wait.until - self._dispatcher.clock())
         ticket = wait.ticket
         if ticket is None:

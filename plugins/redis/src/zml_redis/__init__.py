@@ -18,10 +18,38 @@ See the README for keys, settings and tests.
 
 from __future__ import annotations
 
-from .hub import Hub, hub_for
-from .ledger import RedisLedger
-from .policies import PolicyStore, RedisPolicySource, Snapshot, StoreError
-from .settings import Settings
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .hub import Hub, hub_for
+    from .ledger import RedisLedger
+    from .policies import PolicyStore, RedisPolicySource, Snapshot, StoreError
+    from .settings import Settings
+
+# The names are loaded on first use: zml loads this package's ``plugin`` module in every client
+# process, and importing ``redis`` (with its OpenTelemetry bits) costs about half a second that
+# a process without ``ZML_REDIS_URL`` never needs.
+_EXPORTS = {
+    "Hub": "hub",
+    "hub_for": "hub",
+    "RedisLedger": "ledger",
+    "PolicyStore": "policies",
+    "RedisPolicySource": "policies",
+    "Snapshot": "policies",
+    "StoreError": "policies",
+    "Settings": "settings",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Hub",

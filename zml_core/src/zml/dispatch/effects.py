@@ -3,8 +3,10 @@
 An :class:`Effects` belongs to one dispatcher: its clock, random source, fleet (and so the
 fleet's lock), saturation queues and plugin hooks. Routing and reserving happen in one
 critical section under the fleet's lock, so two tasks or threads can never both take a node's
-last slot. Plugin notifications go through pluggy (``pm.hook.<name>``); zml's isolation
-wrapper (:mod:`zml.plugins.isolation`) makes sure a failing plugin never fails a request.
+last slot. Plugin notifications call their (isolated, plain) implementations in pluggy's order, without
+pluggy's per-call machinery (:meth:`~zml.plugins.manager.PluginManager.notification`); other
+hooks go through ``pm.hook.<name>``. The isolation wrapper makes sure a failing plugin never
+fails a request.
 """
 
 from __future__ import annotations
@@ -121,9 +123,27 @@ class Effects:
     def notify(self, hook: str, view: CallView, kwargs: Mapping[str, Any]) -> Any:
         """Call plugin hook ``hook`` with the request's view, its metadata and ``kwargs``."""
         pm = self.plugins
-        if pm is None or not pm.impls(hook):
+        if pm is None:
             return None
-        return getattr(pm.hook, hook)(call=view, metadata=view.metadata, **kwargs)
+        plain = pm.notification(hook)
+        if plain is None:
+            if not pm.impls(hook):
+                return None
+            return getattr(pm.hook, hook)(call=view, metadata=view.metadata, **kwargs)
+        impls, first = plain
+        if not impls:
+            return None
+        # Per request, several times: the implementations are called directly, in pluggy's
+        # order and with pluggy's argument mapping (see PluginManager.notification).
+        args = {**kwargs, "call": view, "metadata": view.metadata}
+        results = []
+        for impl in impls:
+            result = impl.function(*[args[name] for name in impl.argnames])
+            if result is not None:
+                if first:
+                    return result
+                results.append(result)
+        return None if first else results
 
     def run(self, flow: Generator[Operation, Any, _T], view: CallView) -> _T:
         """Run a flow made only of common operations (an ending) to completion."""

@@ -261,7 +261,9 @@ class SimFleet:
     def _bind(self, listener: _Listener) -> None:
         if listener.sock is not None:
             return
-        sock = socket.socket(self._family, socket.SOCK_STREAM)
+        # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY on accepted connections only when
+        # the listening socket's proto says TCP (0 would leave Nagle on: 40 ms stalls).
+        sock = socket.socket(self._family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, listener.port))

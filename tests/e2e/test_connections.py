@@ -1,0 +1,82 @@
+"""Connection reuse on real loopback sockets: one node, sequential requests, one connection.
+
+Counts TCP connects with httpcore2's public ``trace`` request extension, set by an httpx2
+request hook on a client built over :class:`zml.connections.NodePools` (the transport the
+async client uses by default).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import httpx2
+
+import zml
+from tests.conftest import MODEL
+from zml.connections import NodePools, _readable, async_http_client
+
+NODES = [{"id": "h100-a", "family": "H100", "max_concurrency": 4}]
+MSGS = [{"role": "user", "content": "hello"}]
+
+
+def counting_client() -> tuple[httpx2.AsyncClient, list[str]]:
+    connects: list[str] = []
+
+    async def trace(name: str, info: dict[str, Any]) -> None:
+        if name == "connection.connect_tcp.complete":
+            connects.append(name)
+
+    async def hook(request: httpx2.Request) -> None:
+        request.extensions["trace"] = trace
+
+    http = httpx2.AsyncClient(transport=NodePools(httpx2.Limits(max_keepalive_connections=8)),
+                              event_hooks={"request": [hook]})
+    return http, connects
+
+
+async def test_complete_streams_and_answers_reuse_one_connection(sim_fleet: Any) -> None:
+    setup = sim_fleet(NODES, time_scale=0.01)
+    http, connects = counting_client()
+    async with zml.AsyncClient(config=setup.path, http_client=http, probe_interval_s=None) \
+            as client:
+        for _ in range(5):
+            text = ""
+            async for chunk in client.infer_stream(MODEL, MSGS, max_tokens=6):
+                for choice in chunk.choices:
+                    text += choice.delta.content or ""
+            assert text
+            answer = await client.infer(MODEL, MSGS, max_tokens=4)
+            assert answer.choices[0].message.content
+    await http.aclose()
+    assert connects == ["connection.connect_tcp.complete"]
+
+
+async def test_node_pools_keep_one_pool_per_origin(sim_fleet: Any) -> None:
+    setup = sim_fleet([{"id": "a", "family": "H100", "max_concurrency": 2},
+                       {"id": "b", "family": "H100", "max_concurrency": 2}])
+    http, connects = counting_client()
+    async with http:
+        for node in ("a", "b", "a", "b"):
+            r = await http.get(setup.fleet.url(node) + "/health")
+            assert r.status_code == 200
+    assert len(connects) == 2
+
+
+def test_readable_reports_a_closed_peer_and_not_an_idle_one() -> None:
+    ours, theirs = socket.socketpair()
+    with ours:
+        assert not _readable(ours)
+        theirs.close()
+        assert _readable(ours)
+    assert _readable(ours)  # closed here: the pool must drop it
+    assert _readable(None)
+
+
+def test_environment_proxies_keep_the_plain_client(monkeypatch: Any) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    client = async_http_client(httpx2.Limits())
+    assert not isinstance(client._transport, NodePools)  # httpx2 mounts the proxy itself
+    monkeypatch.delenv("HTTP_PROXY")
+    monkeypatch.delenv("http_proxy", raising=False)
+    assert isinstance(async_http_client(httpx2.Limits())._transport, NodePools)

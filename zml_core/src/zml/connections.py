@@ -1,0 +1,230 @@
+"""The async client's connections: one HTTP/1.1 pool per node, with a cheap liveness check.
+
+Why not one ``httpx2.AsyncClient`` pool for the whole fleet: httpcore2's pool looks at *every*
+connection it holds each time a request is queued or a response is closed (to drop expired or
+server-closed ones), and for each idle connection it asks the network stream whether the
+socket is readable. Through anyio that question builds the stream's whole attribute table
+(about 15 us), so at 64 requests in flight one request paid for some 60 such checks, and the
+cost grew with concurrency and with the number of nodes. Here:
+
+* :class:`NodePools` keeps one ``httpx2.AsyncHTTPTransport`` per origin (scheme, host, port),
+  so a pool's scan covers only one node's connections; all of them share one TLS context,
+  built the first time an ``https`` node is used (a fleet of ``http`` nodes never builds one);
+* each pool's network backend is wrapped by :class:`_FastBackend`, whose streams answer
+  ``socket`` and ``is_readable`` from the socket remembered at connect time (one ``poll``).
+
+Everything else (request and response mapping, errors, timeouts, keep-alive expiry) is
+httpx2's own transport. Environment proxies (``HTTP_PROXY``...) are honoured by not using this
+module at all: :func:`async_http_client` then builds a plain ``httpx2.AsyncClient``.
+"""
+
+from __future__ import annotations
+
+import select
+import ssl
+import urllib.request
+from collections.abc import Iterable
+from typing import Any
+
+import httpx2
+
+__all__ = ["NodePools", "SyncNodePools", "async_http_client", "sync_http_client"]
+
+
+def async_http_client(limits: httpx2.Limits) -> httpx2.AsyncClient:
+    """The async client's own HTTP client: per-node pools unless a proxy is configured."""
+    if urllib.request.getproxies():
+        return httpx2.AsyncClient(limits=limits)
+    return httpx2.AsyncClient(transport=NodePools(limits))
+
+
+def sync_http_client(limits: httpx2.Limits) -> httpx2.Client:
+    """The sync client's own HTTP client: per-node pools unless a proxy is configured.
+
+    httpcore2's sync backend answers its liveness question cheaply already; what the sync
+    client gains is the per-node scan and no TLS context for a fleet of ``http`` nodes
+    (loading the CA bundle is a good part of a first request's cost).
+    """
+    if urllib.request.getproxies():
+        return httpx2.Client(limits=limits)
+    return httpx2.Client(transport=SyncNodePools(limits))
+
+
+def _readable(sock: Any) -> bool:
+    """Whether an idle connection's socket has something to read (for HTTP/1.1: the server
+    closed it). A socket that is gone counts as readable, so the pool drops the connection."""
+    if sock is None:
+        return True
+    try:
+        if sock.fileno() < 0:
+            return True
+        poller = getattr(select, "poll", None)
+        if poller is None:  # pragma: no cover - Windows
+            return bool(select.select([sock], [], [], 0)[0])
+        p = poller()
+        p.register(sock, select.POLLIN)
+        return bool(p.poll(0))
+    except (OSError, ValueError):
+        return True
+
+
+def _backend_types() -> tuple[type, type] | None:
+    try:
+        import httpcore2
+    except ImportError:  # pragma: no cover - httpx2 always brings it
+        return None
+    return httpcore2.AsyncNetworkBackend, httpcore2.AsyncNetworkStream
+
+
+_TYPES = _backend_types()
+
+
+if _TYPES is not None:
+    _Backend, _StreamBase = _TYPES
+
+    class _FastStream(_StreamBase):  # type: ignore[misc, valid-type]
+        """A network stream that remembers its socket (the rest is the wrapped stream's)."""
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+            self._sock = inner.get_extra_info("socket")
+            # Reads and writes go straight to the wrapped stream (no extra coroutine per I/O).
+            self.read = inner.read  # type: ignore[method-assign]
+            self.write = inner.write  # type: ignore[method-assign]
+
+        async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            data: bytes = await self._inner.read(max_bytes, timeout)
+            return data
+
+        async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            await self._inner.write(buffer, timeout)
+
+        async def aclose(self) -> None:
+            await self._inner.aclose()
+
+        async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                            timeout: float | None = None) -> Any:
+            return _FastStream(await self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+        def get_extra_info(self, info: str) -> Any:
+            if info == "is_readable":
+                return _readable(self._sock)
+            if info == "socket" and self._sock is not None:
+                return self._sock
+            return self._inner.get_extra_info(info)
+
+    class _FastBackend(_Backend):  # type: ignore[misc, valid-type]
+        """Wraps a backend so that the streams it connects are :class:`_FastStream`."""
+
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                              local_address: str | None = None,
+                              socket_options: Iterable[Any] | None = None) -> Any:
+            return _FastStream(await self._inner.connect_tcp(
+                host, port, timeout=timeout, local_address=local_address,
+                socket_options=socket_options))
+
+        async def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                      socket_options: Iterable[Any] | None = None) -> Any:
+            return _FastStream(await self._inner.connect_unix_socket(
+                path, timeout=timeout, socket_options=socket_options))
+
+        async def sleep(self, seconds: float) -> None:
+            await self._inner.sleep(seconds)
+
+
+def _speed_up(transport: httpx2.AsyncHTTPTransport) -> None:
+    """Wrap the transport's pool backend in :class:`_FastBackend` (if it has the expected shape:
+    httpx2 keeps the pool in ``_pool``, httpcore2 its backend in ``_network_backend``)."""
+    if _TYPES is None:  # pragma: no cover
+        return
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if isinstance(backend, _Backend) and not isinstance(backend, _FastBackend):
+        pool._network_backend = _FastBackend(backend)  # type: ignore[union-attr]
+
+
+class _Origins:
+    """Per-origin transports of one kind, and the TLS contexts they share."""
+
+    def __init__(self, limits: httpx2.Limits) -> None:
+        self._limits = limits
+        self._tls: ssl.SSLContext | None = None
+        self._unused_tls: ssl.SSLContext | None = None
+
+    def _verify(self, url: httpx2.URL) -> ssl.SSLContext:
+        """The TLS context for a new pool to ``url``'s origin.
+
+        Only https pools read it: an http pool gets a cheap one with no CA loaded (which would
+        refuse every certificate), so a fleet of http nodes never loads the CA bundle.
+        """
+        if url.raw_scheme == b"https":
+            if self._tls is None:
+                self._tls = httpx2.create_ssl_context()
+            return self._tls
+        if self._unused_tls is None:
+            self._unused_tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        return self._unused_tls
+
+
+class SyncNodePools(_Origins, httpx2.BaseTransport):
+    """The sync twin of :class:`NodePools`: one ``httpx2.HTTPTransport`` per origin.
+
+    Args:
+        limits: the limits of each pool (so ``max_connections`` is per node).
+    """
+
+    def __init__(self, limits: httpx2.Limits) -> None:
+        super().__init__(limits)
+        self._pools: dict[tuple[bytes, bytes, int | None], httpx2.HTTPTransport] = {}
+
+    def _pool(self, url: httpx2.URL) -> httpx2.HTTPTransport:
+        key = (url.raw_scheme, url.raw_host, url.port)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = self._pools.setdefault(
+                key, httpx2.HTTPTransport(verify=self._verify(url), limits=self._limits))
+        return pool
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        """Send ``request`` on its origin's pool."""
+        return self._pool(request.url).handle_request(request)
+
+    def close(self) -> None:
+        """Close every pool (and its connections)."""
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
+
+
+class NodePools(_Origins, httpx2.AsyncBaseTransport):
+    """An httpx2 transport with one connection pool per origin (one per node).
+
+    Args:
+        limits: the limits of each pool (so ``max_connections`` is per node).
+    """
+
+    def __init__(self, limits: httpx2.Limits) -> None:
+        super().__init__(limits)
+        self._pools: dict[tuple[bytes, bytes, int | None], httpx2.AsyncHTTPTransport] = {}
+
+    def _pool(self, url: httpx2.URL) -> httpx2.AsyncHTTPTransport:
+        key = (url.raw_scheme, url.raw_host, url.port)
+        pool = self._pools.get(key)
+        if pool is None:
+            pool = httpx2.AsyncHTTPTransport(verify=self._verify(url), limits=self._limits)
+            _speed_up(pool)
+            self._pools[key] = pool
+        return pool
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        """Send ``request`` on its origin's pool."""
+        return await self._pool(request.url).handle_async_request(request)
+
+    async def aclose(self) -> None:
+        """Close every pool (and its connections)."""
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.aclose()
