@@ -28,7 +28,7 @@ class SQLitePolicySource:
     process under a lock.
     """
 
-    def __init__(self, path: str | os.PathLike[str], poll_interval_s: float = 0.001) -> None:
+    def __init__(self, path: str | os.PathLike[str], poll_interval_s: float = 0.0) -> None:
         self.path = os.fspath(path)
         self.name = f"sqlite:{self.path}"
         self.poll_interval_s = poll_interval_s
@@ -49,9 +49,9 @@ class SQLitePolicySource:
     def version(self) -> int:
         """``PRAGMA data_version``: changes when another connection commits.
 
-        Asked at most once per ``poll_interval_s`` (1 ms): under load, most lookups reuse the
-        last answer instead of taking the lock and querying, and a change is still seen
-        within a millisecond.
+        Asked on every lookup by default (a few microseconds), so an edit is seen by the next
+        request; with ``poll_interval_s`` > 0, at most that often (lookups in between reuse
+        the last answer, and a change is seen within that interval).
         """
         now = time.monotonic()
         if now >= self._next_poll:

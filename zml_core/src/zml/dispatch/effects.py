@@ -3,10 +3,9 @@
 An :class:`Effects` belongs to one dispatcher: its clock, random source, fleet (and so the
 fleet's lock), saturation queues and plugin hooks. Routing and reserving happen in one
 critical section under the fleet's lock, so two tasks or threads can never both take a node's
-last slot. Plugin notifications call their (isolated, plain) implementations in pluggy's order, without
-pluggy's per-call machinery (:meth:`~zml.plugins.manager.PluginManager.notification`); other
-hooks go through ``pm.hook.<name>``. The isolation wrapper makes sure a failing plugin never
-fails a request.
+last slot. Plugin notifications go through pluggy (``pm.hook.<name>``); each notification
+implementation is isolated when it is registered (:class:`zml.plugins.manager.PluginManager`),
+so a failing plugin never fails a request.
 """
 
 from __future__ import annotations
@@ -121,29 +120,12 @@ class Effects:
             return Reserved(decision, reservation, decision_us)
 
     def notify(self, hook: str, view: CallView, kwargs: Mapping[str, Any]) -> Any:
-        """Call plugin hook ``hook`` with the request's view, its metadata and ``kwargs``."""
+        """Call plugin hook ``hook`` through pluggy with the request's view, its metadata and
+        ``kwargs`` (nothing at all when no plugin implements it: the lookup is cached)."""
         pm = self.plugins
-        if pm is None:
+        if pm is None or not pm.impls(hook):
             return None
-        plain = pm.notification(hook)
-        if plain is None:
-            if not pm.impls(hook):
-                return None
-            return getattr(pm.hook, hook)(call=view, metadata=view.metadata, **kwargs)
-        impls, first = plain
-        if not impls:
-            return None
-        # Per request, several times: the implementations are called directly, in pluggy's
-        # order and with pluggy's argument mapping (see PluginManager.notification).
-        args = {**kwargs, "call": view, "metadata": view.metadata}
-        results = []
-        for impl in impls:
-            result = impl.function(*[args[name] for name in impl.argnames])
-            if result is not None:
-                if first:
-                    return result
-                results.append(result)
-        return None if first else results
+        return getattr(pm.hook, hook)(call=view, metadata=view.metadata, **kwargs)
 
     def run(self, flow: Generator[Operation, Any, _T], view: CallView) -> _T:
         """Run a flow made only of common operations (an ending) to completion."""

@@ -76,7 +76,6 @@ class PluginManager(pluggy.PluginManager):
         self.fleet_read = False
         """Set once a client has read the fleet sources (later fleet plugins are not used)."""
         self._impls: dict[str, tuple[pluggy.HookImpl, ...]] = {}
-        self._plain: dict[str, tuple[tuple[pluggy.HookImpl, ...], bool]] = {}
         self._reported: set[tuple[str, str]] = set()
         self._reported_lock = threading.Lock()
 
@@ -129,27 +128,6 @@ class PluginManager(pluggy.PluginManager):
                 self._impls[hook_name] = found
         return found
 
-    def notification(self, hook_name: str) -> tuple[tuple[pluggy.HookImpl, ...], bool] | None:
-        """For a notification hook: its implementations in call order and whether it is
-        ``firstresult``; None for any other hook. Cached like :meth:`impls`.
-
-        Notification implementations are plain functions, isolated at registration (no
-        wrappers: :meth:`register` refuses them), so calling them in this order with their
-        ``argnames`` is what pluggy's own call loop does, without its per-call machinery.
-        """
-        if hook_name not in NOTIFICATION_HOOKS:
-            return None
-        found = self._plain.get(hook_name)
-        if found is None:
-            generation = self.generation
-            caller: pluggy.HookCaller | None = getattr(self.hook, hook_name, None)
-            first = bool(caller is not None and caller.spec is not None
-                         and caller.spec.opts.get("firstresult"))
-            found = (self.impls(hook_name), first)
-            if generation == self.generation:
-                self._plain[hook_name] = found
-        return found
-
     def copy(self) -> PluginManager:
         """A new manager with the same plugins (and blocked names), in the same order."""
         pm = PluginManager()
@@ -162,7 +140,6 @@ class PluginManager(pluggy.PluginManager):
 
     def _changed(self) -> None:
         self._impls.clear()
-        self._plain.clear()
         self.generation += 1
 
     def _validate(self, plugin: Any) -> None:
