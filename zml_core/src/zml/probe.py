@@ -99,36 +99,41 @@ def _interpret(node: NodeState, health: httpx2.Response | BaseException,
     return ProbeResult(node.id, healthy, running, waiting, error)
 
 
+_Answer = httpx2.Response | BaseException
+
+
+def _wants_metrics(node: NodeState, health: _Answer) -> bool:
+    """Whether to read ``/metrics`` after this ``/health`` answer (not for a dead node, nor
+    for a plain OpenAI-compatible server, which has none)."""
+    return not isinstance(health, BaseException) and node.kind != "openai"
+
+
 def probe_node(http: httpx2.Client, node: NodeState) -> ProbeResult:
     """Probe one node with a sync client."""
-    try:
-        health: httpx2.Response | BaseException = http.get(
-            node.url + "/health", timeout=PROBE_TIMEOUT_S)
-    except httpx2.HTTPError as exc:
-        return _interpret(node, exc, None)
-    metrics: httpx2.Response | BaseException | None = None
-    if node.kind != "openai":
-        try:
-            metrics = http.get(node.url + "/metrics", timeout=PROBE_TIMEOUT_S)
-        except httpx2.HTTPError as exc:
-            metrics = exc
+    health = _get(http, node.url + "/health")
+    metrics = _get(http, node.url + "/metrics") if _wants_metrics(node, health) else None
     return _interpret(node, health, metrics)
 
 
 async def probe_node_async(http: httpx2.AsyncClient, node: NodeState) -> ProbeResult:
     """Probe one node with an async client."""
-    try:
-        health: httpx2.Response | BaseException = await http.get(
-            node.url + "/health", timeout=PROBE_TIMEOUT_S)
-    except httpx2.HTTPError as exc:
-        return _interpret(node, exc, None)
-    metrics: httpx2.Response | BaseException | None = None
-    if node.kind != "openai":
-        try:
-            metrics = await http.get(node.url + "/metrics", timeout=PROBE_TIMEOUT_S)
-        except httpx2.HTTPError as exc:
-            metrics = exc
+    health = await _aget(http, node.url + "/health")
+    metrics = await _aget(http, node.url + "/metrics") if _wants_metrics(node, health) else None
     return _interpret(node, health, metrics)
+
+
+def _get(http: httpx2.Client, url: str) -> _Answer:
+    try:
+        return http.get(url, timeout=PROBE_TIMEOUT_S)
+    except httpx2.HTTPError as exc:
+        return exc
+
+
+async def _aget(http: httpx2.AsyncClient, url: str) -> _Answer:
+    try:
+        return await http.get(url, timeout=PROBE_TIMEOUT_S)
+    except httpx2.HTTPError as exc:
+        return exc
 
 
 def apply(fleet: Fleet, results: Iterable[ProbeResult], now: float) -> None:
