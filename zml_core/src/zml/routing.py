@@ -160,15 +160,20 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence, Set as AbstractSet
+import zlib
+from collections.abc import Hashable, Sequence, Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 __all__ = [
+    "AFFINITY_LOAD_FACTOR",
     "BALANCED_SPAN",
+    "CHARS_PER_TOKEN",
     "COST_LATENCY_MARGIN",
     "HIGH_WATER",
     "MAX_IDS_IN_RECOMMENDATION",
+    "NEAR_BEST_MS",
+    "NEAR_BEST_SHARE",
     "PRIOR_SERVICE_MS",
     "PRIOR_TTFT_MS",
     "REJECTION_REASONS",
@@ -182,6 +187,8 @@ __all__ = [
     "NodeView",
     "PolicyView",
     "RejectionReason",
+    "affinity_bound",
+    "prompt_tokens_from_chars",
     "route",
 ]
 
@@ -192,6 +199,10 @@ HIGH_WATER = 0.8
 BALANCED_SPAN = 0.2
 TIE_MS = 1e-9
 MAX_IDS_IN_RECOMMENDATION = 5
+NEAR_BEST_SHARE = 0.25
+NEAR_BEST_MS = 25.0
+CHARS_PER_TOKEN = 4
+AFFINITY_LOAD_FACTOR = 1.25
 
 RejectionReason = Literal[
     "no_nodes_for_model",
@@ -367,97 +378,65 @@ def _predict(node: NodeView) -> float:
     return ttft + (load - mc + 1) * service / mc
 
 
-# The three loops below are the hot path (a family can hold thousands of nodes): plain local
-# variables, no allocation per node, no exceptions. They share one observation: the per-node
-# reason counts only matter when the family ends with no viable node. So once a viable node has
-# been found (``hi`` is finite), a node that cannot tie or beat it is skipped without finishing
-# its checks; where the utilisation is not needed, it is skipped before the (method-call)
-# circuit check. A node that could be chosen always goes through every check, in order.
+# The scan below is the hot path (a family can hold thousands of nodes): plain local variables,
+# no allocation per node that is not kept, no exceptions. The per-node reason counts only matter
+# when the family ends with no viable node. A viable node whose prediction is already outside
+# the near-best window of the best seen so far is not kept (unless affinity needs every viable
+# node); the window only shrinks as the best improves, so the final filter is exact.
 
 
-def _scan_nearest(
+def prompt_tokens_from_chars(chars: int) -> int:
+    """The prompt-size rule: ``ceil(chars / CHARS_PER_TOKEN)`` tokens (0 for no text)."""
+    return -(-max(0, chars) // CHARS_PER_TOKEN)
+
+
+def _window(best: float) -> float:
+    return best * (1.0 + NEAR_BEST_SHARE) + NEAR_BEST_MS
+
+
+def _node_prediction(
+    node: NodeView, prior: float, own_ms: float, ms_per_token: float
+) -> float:
+    """The documented prediction of one node (the scan inlines the same arithmetic)."""
+    pred = node.ttft_ms
+    if pred is None:
+        pred = prior
+    pred += own_ms
+    load = node.load
+    mc = node.max_concurrency
+    if load >= mc > 0:
+        service = node.service_ms
+        if service is None:
+            service = PRIOR_SERVICE_MS
+        pred += (load - mc + 1) * service / mc
+        if ms_per_token:
+            tokens = getattr(node, "tokens_in_flight", 0)
+            if tokens:
+                pred += tokens * (load - mc) / load * ms_per_token
+    return pred
+
+
+def _scan(
     nodes: Sequence[NodeView],
     now: float,
     threshold: float,
     limit: float,
     exclude: AbstractSet[str],
-) -> tuple[list[NodeView], str]:
-    """Scan a family for its viable nodes of lowest predicted TTFT: (ties, family reason).
+    prior: float,
+    own_ms: float,
+    ms_per_token: float,
+    keep_all: bool,
+) -> tuple[list[tuple[float, NodeView]], float, float, str]:
+    """Scan one family: (kept viable (pred, node) in registry order, best pred, U, reason).
 
-    The reason only means something when the tie list is empty (no viable node).
+    The reason only means something when nothing was kept (no viable node).
     """
-    has_exclude = bool(exclude)
-    n_excl = n_circ = n_health = n_over = n_lat = 0
-    best = lo = hi = _INF
-    ties: list[NodeView] = []
-    drift = False
-    for node in nodes:
-        load = node.load
-        mc = node.max_concurrency
-        pred = node.ttft_ms
-        if pred is None:
-            pred = PRIOR_TTFT_MS
-        if load >= mc and pred <= hi:
-            if mc > 0:
-                service = node.service_ms
-                if service is None:
-                    service = PRIOR_SERVICE_MS
-                pred += (load - mc + 1) * service / mc
-            else:
-                pred = _INF
-        if pred > hi:
-            continue
-        if has_exclude and node.id in exclude:
-            n_excl += 1
-            continue
-        if not node.circuit_allows(now):
-            n_circ += 1
-            continue
-        if node.health < threshold:
-            n_health += 1
-            continue
-        if mc <= 0 or load >= mc + node.max_queue:
-            n_over += 1
-            continue
-        if pred > limit:
-            n_lat += 1
-            continue
-        if pred < lo:
-            best = pred
-            lo = pred - TIE_MS
-            hi = pred + TIE_MS
-            ties = [node]
-        else:
-            ties.append(node)
-            if pred < best:
-                best = pred
-                lo = pred - TIE_MS
-                hi = pred + TIE_MS
-                drift = True
-    if drift:
-        ties = [n for n in ties if _predict(n) <= hi]
-    if ties:
-        return ties, ""
-    if not nodes:
-        return ties, _NO_NODES
-    return ties, _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
-
-
-def _scan_nearest_with_utilisation(
-    nodes: Sequence[NodeView],
-    now: float,
-    threshold: float,
-    limit: float,
-    exclude: AbstractSet[str],
-) -> tuple[list[NodeView], float, str]:
-    """As ``_scan_nearest``, also measuring the family's utilisation: (ties, U, reason)."""
     has_exclude = bool(exclude)
     n_excl = n_circ = n_health = n_over = n_lat = 0
     sum_load = 0
     sum_cap = 0
-    best = lo = hi = _INF
-    ties: list[NodeView] = []
-    drift = False
+    best = hi = _INF
+    kept: list[tuple[float, NodeView]] = []
     for node in nodes:
         if has_exclude and node.id in exclude:
             n_excl += 1
@@ -472,43 +451,97 @@ def _scan_nearest_with_utilisation(
         mc = node.max_concurrency
         sum_load += load
         sum_cap += mc
+        if mc <= 0 or load >= mc + node.max_queue:
+            n_over += 1
+            continue
         pred = node.ttft_ms
         if pred is None:
-            pred = PRIOR_TTFT_MS
+            pred = prior
+        pred += own_ms
         if load >= mc:
-            if mc <= 0 or load >= mc + node.max_queue:
-                n_over += 1
-                continue
-            if pred > hi:  # the TTFT alone already loses
-                continue
             service = node.service_ms
             if service is None:
                 service = PRIOR_SERVICE_MS
             pred += (load - mc + 1) * service / mc
-        if pred > hi:
-            continue
+            if ms_per_token:
+                tokens = getattr(node, "tokens_in_flight", 0)
+                if tokens:
+                    pred += tokens * (load - mc) / load * ms_per_token
         if pred > limit:
             n_lat += 1
             continue
-        if pred < lo:
+        if pred > hi and not keep_all:
+            continue
+        kept.append((pred, node))
+        if pred < best:
             best = pred
-            lo = pred - TIE_MS
-            hi = pred + TIE_MS
-            ties = [node]
-        else:
-            ties.append(node)
-            if pred < best:
-                best = pred
-                lo = pred - TIE_MS
-                hi = pred + TIE_MS
-                drift = True
-    if drift:
-        ties = [n for n in ties if _predict(n) <= hi]
-    if ties:
-        return ties, sum_load / sum_cap, ""
+            hi = _window(pred)
+    if kept:
+        return kept, best, sum_load / sum_cap, ""
     if not nodes:
-        return ties, _INF, _NO_NODES
-    return ties, _INF, _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
+        return kept, _INF, _INF, _NO_NODES
+    return kept, _INF, _INF, _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
+
+
+def _affinity_score(key: str, node_id: str) -> int:
+    return zlib.crc32(f"{key}\x1f{node_id}".encode())
+
+
+def affinity_bound(sum_load: int, sum_cap: int, max_concurrency: int) -> int:
+    """The bounded-load cap of one node under affinity: ``ceil(AFFINITY_LOAD_FACTOR x
+    (sum_load + 1) x max_concurrency / sum_cap)`` (sums over the family's viable nodes)."""
+    if sum_cap <= 0:
+        return 0
+    return math.ceil(AFFINITY_LOAD_FACTOR * (sum_load + 1) * max_concurrency / sum_cap - 1e-9)
+
+
+def _affinity_pick(
+    kept: Sequence[tuple[float, NodeView]], key: str
+) -> tuple[float, NodeView] | None:
+    """Rendezvous hashing with bounded loads over the viable nodes (None: none within bound)."""
+    sum_load = 0
+    sum_cap = 0
+    for _, node in kept:
+        sum_load += node.load
+        sum_cap += node.max_concurrency
+    chosen: tuple[float, NodeView] | None = None
+    top = -1
+    for item in kept:
+        node = item[1]
+        if node.load + 1 > affinity_bound(sum_load, sum_cap, node.max_concurrency):
+            continue
+        score = _affinity_score(key, node.id)
+        if score > top:
+            top = score
+            chosen = item
+    return chosen
+
+
+def _choose(
+    kept: list[tuple[float, NodeView]],
+    best: float,
+    rng: random.Random,
+    affinity_key: str | None,
+) -> tuple[float, NodeView]:
+    """The node of a family with viable nodes: affinity first, else the soft minimum."""
+    if affinity_key is not None:
+        picked = _affinity_pick(kept, affinity_key)
+        if picked is not None:
+            return picked
+    hi = _window(best)
+    near = [item for item in kept if item[0] <= hi]
+    n = len(near)
+    if n == 1:
+        return near[0]
+    i = rng.randrange(n)
+    j = rng.randrange(n - 1)
+    if j >= i:
+        j += 1
+    a = near[i][1]
+    b = near[j][1]
+    if b.load / max(b.max_concurrency, 1) < a.load / max(a.max_concurrency, 1):
+        return near[j]
+    return near[i]
 
 
 def _scan_least_loaded(
@@ -663,13 +696,17 @@ def route(
     pinned_family: str | None = None,
     exclude: AbstractSet[str] = frozenset(),
     health_threshold: float = 0.5,
+    prompt_tokens: int = 0,
+    prefix_blocks: Sequence[Hashable] = (),
 ) -> Decision | NoRoute:
     """Choose the node for one request of ``model`` under ``policy`` (see the module docs).
 
     ``now`` is the time the circuit breakers are asked about, ``rng`` the only source of
-    randomness (power-of-two-choices tie breaks), ``pinned_family`` restricts the walk to one
-    family, ``exclude`` holds the ids of nodes already tried for this request, and
-    ``health_threshold`` applies only when ``policy`` is None (a policy brings its own).
+    randomness (power-of-two-choices), ``pinned_family`` restricts the walk to one family,
+    ``exclude`` holds the ids of nodes already tried for this request, ``health_threshold``
+    applies only when ``policy`` is None (a policy brings its own), ``prompt_tokens`` is the
+    request's prompt size (see :func:`prompt_tokens_from_chars`) and ``prefix_blocks`` the ids
+    of its leading prefix blocks (used when the policy's ``affinity`` is ``"prefix"``).
     """
     if policy is None:
         return _route_without_policy(
@@ -697,19 +734,29 @@ def route(
     else:
         limit = float(target)
     threshold = policy.health_threshold
+    affinity_key: str | None = None
+    if prefix_blocks and getattr(policy, "affinity", None) == "prefix":
+        affinity_key = str(prefix_blocks[0])
+    keep_all = affinity_key is not None
+    family_prior = getattr(fleet, "family_prior", None)
+    tokens = prompt_tokens if prompt_tokens > 0 else 0
     walked: list[tuple[str, int, str | None]] = []  # (family, nodes_checked, reason)
-    fallback: tuple[int, list[NodeView]] | None = None
+    fallback: tuple[int, list[tuple[float, NodeView]], float] | None = None
     last = len(chain) - 1
 
     for i, family in enumerate(chain):
         nodes = fleet.nodes_for(model, family)
-        if mode == "cost":
-            ties, reason = _scan_nearest(nodes, now, threshold, limit, exclude)
-        else:
-            ties, util, reason = _scan_nearest_with_utilisation(
-                nodes, now, threshold, limit, exclude
-            )
-        if not ties:
+        prior = PRIOR_TTFT_MS
+        ms_per_token = 0.0
+        if family_prior is not None:
+            prior, tps = family_prior(family)
+            if tps:
+                ms_per_token = 1000.0 / tps
+        kept, best, util, reason = _scan(
+            nodes, now, threshold, limit, exclude, prior, tokens * ms_per_token, ms_per_token,
+            keep_all,
+        )
+        if not kept:
             walked.append((family, len(nodes), reason))
             continue
         if mode != "cost":
@@ -719,19 +766,19 @@ def route(
                 ceiling += BALANCED_SPAN * _saving(fleet, family, nxt)
             if util >= ceiling - _UTIL_ROUNDING:
                 if fallback is None:
-                    fallback = (len(walked), ties)
+                    fallback = (len(walked), kept, best)
                 walked.append((family, len(nodes), _ABOVE_HIGH_WATER))
                 continue
         walked.append((family, len(nodes), None))
-        node = ties[_two_choices(ties, rng)]
-        return Decision(node, family, _predict(node), _trace(walked))
+        pred, node = _choose(kept, best, rng, affinity_key)
+        return Decision(node, family, pred, _trace(walked))
 
     if fallback is not None:
-        index, ties = fallback
+        index, kept, best = fallback
         family, checked, _ = walked[index]
         walked[index] = (family, checked, None)
-        node = ties[_two_choices(ties, rng)]
-        return Decision(node, family, _predict(node), _trace(walked))
+        pred, node = _choose(kept, best, rng, affinity_key)
+        return Decision(node, family, pred, _trace(walked))
 
     evaluated = _trace(walked)
     return NoRoute(
