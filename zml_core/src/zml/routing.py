@@ -1,6 +1,7 @@
 """How zml chooses the node that serves a request.
 
-``route(policy, model, fleet, now=..., rng=...)`` is a pure function: it reads a snapshot of
+``route(policy, model, fleet, now=..., rng=..., prompt_tokens=..., prefix_blocks=...)`` is a
+pure function: it reads a snapshot of
 the fleet, reads no clock (``now`` is passed in), does no I/O, changes nothing, and draws
 randomness only from the ``random.Random`` it is given, so the same inputs and the same seed
 always give the same answer. It returns a :class:`Decision` (the node, its family, the
@@ -20,7 +21,16 @@ Constants
 ``BALANCED_SPAN = 0.2``
     How far above ``HIGH_WATER`` ``"balanced"`` may hold to a family when staying saves money.
 ``TIE_MS = 1e-9``
-    Predicted TTFTs closer than this are a tie.
+    Without a policy, load ratios closer than this are a tie.
+``NEAR_BEST_SHARE = 0.25`` and ``NEAR_BEST_MS = 25.0``
+    The near-best window: a viable node predicted within ``best x (1 + 0.25) + 25 ms`` of the
+    family's best prediction shares the load with it (no herding).
+``CHARS_PER_TOKEN = 4``
+    The prompt-size rule: a request's ``prompt_chars`` count as ``ceil(chars / 4)`` tokens
+    (:func:`prompt_tokens_from_chars`; a replayed trace passes its token counts).
+``AFFINITY_LOAD_FACTOR = 1.25``
+    Under ``affinity = "prefix"`` a node takes the request only while its load stays within
+    1.25 x its share of the family's load (consistent hashing with bounded loads).
 ``MAX_IDS_IN_RECOMMENDATION = 5``
     Node ids named in a recommendation before it says "and N more".
 
@@ -44,12 +54,22 @@ treated as having no room.)
 
 Predicted time to first token::
 
-    ahead = max(0, load - max_concurrency + 1)        # requests this one would wait behind
-    pred  = ttft + ahead * service / max_concurrency
+    ahead  = max(0, load - max_concurrency + 1)       # requests this one would wait behind
+    pred   = ttft + prefill(prompt_tokens)            # a node with a free slot
+           + ahead * service / max_concurrency        # when the slots are taken
+           + prefill(waiting_tokens)
+    prefill(t)     = t / prefill_tokens_per_s x 1000 ms
+    waiting_tokens = tokens_in_flight x (load - max_concurrency) / load
 
-where ``ttft`` is the node's observed TTFT (EWMA) or ``PRIOR_TTFT_MS`` and ``service`` its
-observed service time (EWMA) or ``PRIOR_SERVICE_MS``. A node with a free slot is predicted
-at its plain TTFT; each request queued ahead adds a share of a service time.
+``ttft`` is the node's observed TTFT (EWMA) or, until one is observed, the family's prior
+``ttft_ms``; ``service`` its observed service time (EWMA) or ``PRIOR_SERVICE_MS``.
+``prefill_tokens_per_s`` and the prior come from the fleet's ``family_prior(family)`` (the
+family's profile, see :mod:`zml.fleet`); a fleet without one gives ``PRIOR_TTFT_MS`` and no
+prefill term. ``tokens_in_flight`` (the prompt tokens of this client's requests on the node)
+is read when the node has it, and its waiting share is the queued prefill ahead of this
+request. ``load`` counts every request on the node, this client's in flight included (and what
+the node reported on ``/metrics``). Priors are the profile's idle figures, optimistic on
+purpose: an unobserved node ranks with or ahead of observed ones and is explored, not starved.
 
 The latency limit: none when the policy has no ``latency_target_ms``; otherwise
 ``latency_target_ms x COST_LATENCY_MARGIN`` under ``"cost"`` and ``latency_target_ms``
@@ -87,11 +107,25 @@ The first accepted family wins and the walk stops there. When every family with 
 was passed over, the first of them wins after all (a busy family beats none). When no family
 has a viable node the result is a ``NoRoute`` (``final_error = "no_viable_node"``).
 
-Within the chosen family the viable node with the lowest predicted TTFT is chosen, and that
-prediction is ``Decision.predicted_ttft_ms``. Nodes
-within ``TIE_MS`` of the lowest are tied; among ties zml samples two with ``rng``
-(power of two choices) and takes the one with the lower ``load / max_concurrency`` (the
-first sampled when equal); a single tied node is taken as is.
+Within the chosen family (the soft minimum, no herding): the viable nodes predicted within the
+near-best window ``best x (1 + NEAR_BEST_SHARE) + NEAR_BEST_MS`` of the lowest prediction are
+the candidates; a single candidate is taken as is; otherwise zml samples two distinct
+candidates with ``rng`` (power of two choices) and takes the one with the lower
+``load / max_concurrency`` (the first sampled when equal). Its prediction is
+``Decision.predicted_ttft_ms``. So nodes of nearly equal speed share sequential traffic
+evenly, concurrent requests go to the less loaded, and a node clearly slower than the best
+(outside the window) is not used while the best has room.
+
+Prefix affinity (``policy.affinity == "prefix"`` and the request has ``prefix_blocks``):
+before the soft minimum, the node is chosen by rendezvous hashing of the first block id over
+the family's viable nodes with bounded loads. A viable node is *within the load bound* when
+``load + 1 <= ceil(AFFINITY_LOAD_FACTOR x (L + 1) x max_concurrency / C)`` where ``L`` and
+``C`` are the sums of ``load`` and ``max_concurrency`` over the family's viable nodes
+(:func:`affinity_bound`). Among those, the one with the highest
+``crc32(f"{block}\x1f{node_id}")`` is chosen: every prompt starting with the same block goes
+to the same node while it is within the bound, then to the next in its hash order. When no
+viable node is within the bound, the soft minimum decides. Affinity never picks a node the
+bound excludes, nor a node that is not viable.
 
 The trace (``Decision.evaluated``, ``NoRoute.evaluated``) has one entry per family looked at,
 in chain order: ``{"family", "nodes_checked", "rejected_reason"}``. The chosen family's
