@@ -195,9 +195,12 @@ from __future__ import annotations
 import math
 import random
 import zlib
+from bisect import bisect_left, bisect_right
 from collections.abc import Hashable, Sequence, Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal, Protocol
+
+from .routing_index import FamilyIndex, base_key
 
 __all__ = [
     "AFFINITY_LOAD_FACTOR",
@@ -431,23 +434,12 @@ def _window(best: float) -> float:
 def _node_prediction(
     node: NodeView, prior: float, own_ms: float, ms_per_token: float
 ) -> float:
-    """The documented prediction of one node (the scan inlines the same arithmetic)."""
-    pred = node.ttft_ms
-    if pred is None:
-        pred = prior
-    pred += own_ms
-    load = node.load
-    mc = node.max_concurrency
-    if load >= mc > 0:
-        service = node.service_ms
-        if service is None:
-            service = PRIOR_SERVICE_MS
-        pred += (load - mc + 1) * service / mc
-        if ms_per_token:
-            tokens = getattr(node, "tokens_in_flight", 0)
-            if tokens:
-                pred += tokens * (load - mc) / load * ms_per_token
-    return pred
+    """The documented prediction of one node: ``base_key(node) + own_ms``."""
+    return base_key(node, prior, ms_per_token) + own_ms
+
+
+Kept = tuple[float, int, NodeView]
+"""A viable node as the scan keeps it: (base key, registry position in the family, node)."""
 
 
 def _scan(
@@ -460,8 +452,8 @@ def _scan(
     own_ms: float,
     ms_per_token: float,
     keep_all: bool,
-) -> tuple[list[tuple[float, NodeView]], float, float, str]:
-    """Scan one family: (kept viable (pred, node) in registry order, best pred, U, reason).
+) -> tuple[list[Kept], float, float, str]:
+    """Scan one family: (kept viable nodes, best pred, U, reason).
 
     The reason only means something when nothing was kept (no viable node).
     """
@@ -470,8 +462,8 @@ def _scan(
     sum_load = 0
     sum_cap = 0
     best = hi = _INF
-    kept: list[tuple[float, NodeView]] = []
-    for node in nodes:
+    kept: list[Kept] = []
+    for pos, node in enumerate(nodes):
         if has_exclude and node.id in exclude:
             n_excl += 1
             continue
@@ -488,25 +480,25 @@ def _scan(
         if mc <= 0 or load >= mc + node.max_queue:
             n_over += 1
             continue
-        pred = node.ttft_ms
-        if pred is None:
-            pred = prior
-        pred += own_ms
+        key = node.ttft_ms
+        if key is None:
+            key = prior
         if load >= mc:
             service = node.service_ms
             if service is None:
                 service = PRIOR_SERVICE_MS
-            pred += (load - mc + 1) * service / mc
+            key += (load - mc + 1) * service / mc
             if ms_per_token:
                 tokens = getattr(node, "tokens_in_flight", 0)
                 if tokens:
-                    pred += tokens * (load - mc) / load * ms_per_token
+                    key += tokens * (load - mc) / load * ms_per_token
+        pred = key + own_ms
         if pred > limit:
             n_lat += 1
             continue
         if pred > hi and not keep_all:
             continue
-        kept.append((pred, node))
+        kept.append((key, pos, node))
         if pred < best:
             best = pred
             hi = _window(pred)
@@ -515,6 +507,182 @@ def _scan(
     if not nodes:
         return kept, _INF, _INF, _NO_NODES
     return kept, _INF, _INF, _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
+
+
+def _p2c(n: int, rng: random.Random) -> tuple[int, int]:
+    """Two distinct indices in range(n) drawn with ``rng`` (n >= 2)."""
+    i = rng.randrange(n)
+    j = rng.randrange(n - 1)
+    if j >= i:
+        j += 1
+    return i, j
+
+
+def _less_loaded(a: NodeView, b: NodeView) -> bool:
+    """Whether ``b`` is strictly less loaded than ``a`` (load per slot)."""
+    return b.load / max(b.max_concurrency, 1) < a.load / max(a.max_concurrency, 1)
+
+
+class _ScanFound:
+    """A scanned family with viable nodes."""
+
+    __slots__ = ("best", "kept", "own_ms", "util")
+
+    def __init__(self, kept: list[Kept], best: float, util: float, own_ms: float) -> None:
+        self.kept = kept
+        self.best = best
+        self.util = util
+        self.own_ms = own_ms
+
+    def choose(self, rng: random.Random, affinity_key: str | None) -> tuple[float, NodeView]:
+        own = self.own_ms
+        if affinity_key is not None:
+            picked = _affinity_pick([(k + own, n) for k, _, n in self.kept], affinity_key)
+            if picked is not None:
+                return picked
+        hi = _window(self.best)
+        near = sorted(item for item in self.kept if item[0] + own <= hi)
+        n = len(near)
+        if n == 1:
+            return near[0][0] + own, near[0][2]
+        i, j = _p2c(n, rng)
+        if _less_loaded(near[i][2], near[j][2]):
+            i = j
+        return near[i][0] + own, near[i][2]
+
+
+class _IndexFound:
+    """An indexed family with viable nodes: candidates ``ordered[a:b]`` minus ``skip``."""
+
+    __slots__ = ("a", "b", "best", "ix", "limit", "own_ms", "skip", "skip_idx", "util")
+
+    def __init__(self, ix: FamilyIndex, skip: set[int], skip_idx: list[int], a: int, b: int,
+                 best: float, util: float, own_ms: float, limit: float) -> None:
+        self.ix = ix
+        self.skip = skip
+        self.skip_idx = skip_idx
+        self.a = a
+        self.b = b
+        self.best = best
+        self.util = util
+        self.own_ms = own_ms
+        self.limit = limit
+
+    def _at(self, r: int) -> int:
+        idx = self.a + r
+        for f in self.skip_idx:
+            if f <= idx:
+                idx += 1
+            else:
+                break
+        return idx
+
+    def choose(self, rng: random.Random, affinity_key: str | None) -> tuple[float, NodeView]:
+        ix = self.ix
+        own = self.own_ms
+        ordered = ix.ordered
+        nodes = ix.nodes
+        if affinity_key is not None:
+            viable: list[tuple[float, NodeView]] = []
+            for key, pos in ordered:
+                pred = key + own
+                if pred > self.limit:
+                    break
+                if pos not in self.skip:
+                    viable.append((pred, nodes[pos]))
+            picked = _affinity_pick(sorted_by_registry(viable, ix), affinity_key)
+            if picked is not None:
+                return picked
+        m = self.b - self.a - len(self.skip_idx)
+        if m == 1:
+            key, pos = ordered[self._at(0)]
+            return key + own, nodes[pos]
+        i, j = _p2c(m, rng)
+        ki, pi = ordered[self._at(i)]
+        kj, pj = ordered[self._at(j)]
+        if _less_loaded(nodes[pi], nodes[pj]):
+            return kj + own, nodes[pj]
+        return ki + own, nodes[pi]
+
+
+def sorted_by_registry(
+    viable: list[tuple[float, NodeView]], ix: FamilyIndex
+) -> list[tuple[float, NodeView]]:
+    """Viable (pred, node) pairs in registry order (affinity's order, as the scan keeps it)."""
+    by_id = ix.by_id
+    return sorted(viable, key=lambda item: by_id[item[1].id])
+
+
+def _indexed(
+    ix: FamilyIndex,
+    now: float,
+    threshold: float,
+    limit: float,
+    exclude: AbstractSet[str],
+    own_ms: float,
+) -> _IndexFound | str:
+    """The indexed twin of ``_scan``: a found family, or the family's rejection reason."""
+    nodes = ix.nodes
+    if not nodes:
+        return _NO_NODES
+    n_excl = n_circ = n_health = 0
+    fail_load = fail_cap = 0
+    skip: set[int] = set()
+    in_order = 0  # failing nodes that have an entry in ``ordered``
+    if exclude:
+        by_id = ix.by_id
+        for node_id in exclude:
+            pos = by_id.get(node_id)
+            if pos is not None:
+                skip.add(pos)
+                n_excl += 1
+    for pos in ix.suspects:
+        if pos in skip:
+            continue
+        node = nodes[pos]
+        if not node.circuit_allows(now):
+            n_circ += 1
+        elif node.health < threshold:
+            n_health += 1
+        else:
+            continue
+        skip.add(pos)
+    entries = ix.entries
+    for pos in skip:
+        node = nodes[pos]
+        fail_load += node.load
+        fail_cap += node.max_concurrency
+        if entries[pos] is not None:
+            in_order += 1
+    ordered = ix.ordered
+    size = len(ordered)
+    a = 0
+    while a < size and ordered[a][1] in skip:
+        a += 1
+    best = ordered[a][0] + own_ms if a < size else _INF
+    if best > limit:
+        n_over = len(nodes) - size - (len(skip) - in_order)
+        n_lat = size - in_order
+        return _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
+    hi = _window(best)
+    if limit < hi:
+        hi = limit
+    b = bisect_right(ordered, (hi - own_ms, _INF), a)
+    while b < size and ordered[b][0] + own_ms <= hi:
+        b += 1
+    while b > a + 1 and ordered[b - 1][0] + own_ms > hi:
+        b -= 1
+    skip_idx: list[int] = []
+    if skip:
+        for pos in skip:
+            entry = entries[pos]
+            if entry is not None:
+                k = bisect_left(ordered, entry)
+                if a < k < b:
+                    skip_idx.append(k)
+        skip_idx.sort()
+    util = (ix.sum_load - fail_load) / (ix.sum_cap - fail_cap)
+    return _IndexFound(ix, skip, skip_idx, a, b, best, util, own_ms, limit)
 
 
 def _affinity_score(key: str, node_id: str) -> int:
@@ -549,33 +717,6 @@ def _affinity_pick(
             top = score
             chosen = item
     return chosen
-
-
-def _choose(
-    kept: list[tuple[float, NodeView]],
-    best: float,
-    rng: random.Random,
-    affinity_key: str | None,
-) -> tuple[float, NodeView]:
-    """The node of a family with viable nodes: affinity first, else the soft minimum."""
-    if affinity_key is not None:
-        picked = _affinity_pick(kept, affinity_key)
-        if picked is not None:
-            return picked
-    hi = _window(best)
-    near = [item for item in kept if item[0] <= hi]
-    n = len(near)
-    if n == 1:
-        return near[0]
-    i = rng.randrange(n)
-    j = rng.randrange(n - 1)
-    if j >= i:
-        j += 1
-    a = near[i][1]
-    b = near[j][1]
-    if b.load / max(b.max_concurrency, 1) < a.load / max(a.max_concurrency, 1):
-        return near[j]
-    return near[i]
 
 
 def _scan_least_loaded(
@@ -773,45 +914,54 @@ def route(
         affinity_key = str(prefix_blocks[0])
     keep_all = affinity_key is not None
     family_prior = getattr(fleet, "family_prior", None)
+    family_index = getattr(fleet, "family_index", None)
     tokens = prompt_tokens if prompt_tokens > 0 else 0
     walked: list[tuple[str, int, str | None]] = []  # (family, nodes_checked, reason)
-    fallback: tuple[int, list[tuple[float, NodeView]], float] | None = None
+    fallback: tuple[int, _ScanFound | _IndexFound] | None = None
     last = len(chain) - 1
 
     for i, family in enumerate(chain):
-        nodes = fleet.nodes_for(model, family)
-        prior = PRIOR_TTFT_MS
-        ms_per_token = 0.0
-        if family_prior is not None:
-            prior, tps = family_prior(family)
-            if tps:
-                ms_per_token = 1000.0 / tps
-        kept, best, util, reason = _scan(
-            nodes, now, threshold, limit, exclude, prior, tokens * ms_per_token, ms_per_token,
-            keep_all,
-        )
-        if not kept:
-            walked.append((family, len(nodes), reason))
+        found: _ScanFound | _IndexFound | str
+        ix = family_index(model, family) if family_index is not None else None
+        if ix is not None:
+            checked = len(ix.nodes)
+            found = _indexed(ix, now, threshold, limit, exclude, tokens * ix.ms_per_token)
+        else:
+            nodes = fleet.nodes_for(model, family)
+            checked = len(nodes)
+            prior = PRIOR_TTFT_MS
+            ms_per_token = 0.0
+            if family_prior is not None:
+                prior, tps = family_prior(family)
+                if tps:
+                    ms_per_token = 1000.0 / tps
+            own_ms = tokens * ms_per_token
+            kept, best, util, reason = _scan(
+                nodes, now, threshold, limit, exclude, prior, own_ms, ms_per_token, keep_all
+            )
+            found = _ScanFound(kept, best, util, own_ms) if kept else reason
+        if isinstance(found, str):
+            walked.append((family, checked, found))
             continue
         if mode != "cost":
             ceiling = HIGH_WATER
             if mode == "balanced":
                 nxt = chain[i + 1] if i < last else None
                 ceiling += BALANCED_SPAN * _saving(fleet, family, nxt)
-            if util >= ceiling - _UTIL_ROUNDING:
+            if found.util >= ceiling - _UTIL_ROUNDING:
                 if fallback is None:
-                    fallback = (len(walked), kept, best)
-                walked.append((family, len(nodes), _ABOVE_HIGH_WATER))
+                    fallback = (len(walked), found)
+                walked.append((family, checked, _ABOVE_HIGH_WATER))
                 continue
-        walked.append((family, len(nodes), None))
-        pred, node = _choose(kept, best, rng, affinity_key)
+        walked.append((family, checked, None))
+        pred, node = found.choose(rng, affinity_key)
         return Decision(node, family, pred, _trace(walked))
 
     if fallback is not None:
-        index, kept, best = fallback
+        index, found = fallback
         family, checked, _ = walked[index]
         walked[index] = (family, checked, None)
-        pred, node = _choose(kept, best, rng, affinity_key)
+        pred, node = found.choose(rng, affinity_key)
         return Decision(node, family, pred, _trace(walked))
 
     evaluated = _trace(walked)
