@@ -43,6 +43,7 @@ from typing import Any
 
 from .config import NodeConfig, Registry, redact_url
 from .ledger import SlotLedger
+from .routing_index import FamilyIndex
 from .strategies import StrategyState
 from .transport import completion_url
 
@@ -214,6 +215,18 @@ class Fleet:
         self._families = tuple(registry.families)
         self._priors = {name: _prior(name, acc) for name, acc in registry.families.items()}
         self._strategy_states: dict[str, StrategyState] = {}
+        # The routing index (zml.routing_index): one FamilyIndex per (model, family), and for
+        # each node the (index, position) pairs to bring up to date when its state changes.
+        self._family_indexes: dict[tuple[str, str], FamilyIndex] = {}
+        self._memberships: dict[str, list[tuple[FamilyIndex, int]]] = {
+            n.id: [] for n in self._nodes.values()
+        }
+        for (model, family), members in self._index.items():
+            ttft, tps = self.family_prior(family)
+            ix = FamilyIndex(members, ttft, tps)
+            self._family_indexes[(model, family)] = ix
+            for pos, member in enumerate(members):
+                self._memberships[member.id].append((ix, pos))
         self._costs = {name: acc.cost_per_hour for name, acc in registry.families.items()}
         self._degraded: set[NodeState] = set()
         self._empty: tuple[NodeState, ...] = ()
@@ -248,6 +261,7 @@ class Fleet:
             node.reported_load = reported_load
             node.reported_at = now
             node._update_load()
+            self._touch(node)
             freed = node.load < before
         if freed:
             self.notify_capacity()
@@ -265,6 +279,15 @@ class Fleet:
     def nodes_for(self, model: str, family: str) -> Sequence[NodeState]:
         """Nodes of ``family`` serving ``model`` (an index lookup)."""
         return self._index.get((model, family), self._empty)
+
+    def family_index(self, model: str, family: str) -> FamilyIndex | None:
+        """The routing index of ``family``'s nodes serving ``model`` (None: none serve it)."""
+        return self._family_indexes.get((model, family))
+
+    def _touch(self, node: NodeState) -> None:
+        # Bring the routing index up to date with ``node`` (callers hold the lock).
+        for ix, pos in self._memberships[node.id]:
+            ix.update(pos)
 
     def family_prior(self, family: str) -> tuple[float, float | None]:
         """``(ttft_ms, prefill_tokens_per_s)`` routing assumes for the family (module docs)."""
@@ -346,6 +369,7 @@ class Fleet:
             node.health_at = now
             if recovered >= 1.0:
                 self._degraded.discard(node)
+                self._touch(node)
 
     def reserve(self, node: NodeState, now: float, prompt_tokens: int = 0) -> Reservation:
         """Take a slot on ``node`` (call under :attr:`lock`, in the same critical section as
@@ -357,6 +381,7 @@ class Fleet:
         trial = node.open_until is not None and now >= node.open_until
         if trial:
             node.trial_in_flight = True
+        self._touch(node)
         return Reservation(node, now, trial, prompt_tokens=tokens)
 
     def release(self, reservation: Reservation) -> bool:
@@ -374,6 +399,7 @@ class Fleet:
             node._update_load()
             if reservation.trial:
                 node.trial_in_flight = False
+            self._touch(node)
         if reservation.lease_id is not None and self.ledger is not None:
             self.ledger.release(node, reservation.lease_id)
         self.notify_capacity()
@@ -388,6 +414,7 @@ class Fleet:
             node.reported_load = node.max_concurrency + node.max_queue
             node.reported_at = now
             node._update_load()
+            self._touch(node)
 
     def record_success(
         self, node: NodeState, now: float, ttft_s: float | None, service_s: float | None
@@ -403,6 +430,7 @@ class Fleet:
             if node.health < 1.0:
                 node.health = min(1.0, node.health + HEALTH_ALPHA * (1.0 - node.health))
                 node.health_at = now
+            self._touch(node)
 
     def record_failure(self, node: NodeState, now: float) -> None:
         """A call on ``node`` failed (a node-side failure): health down, maybe open the circuit."""
@@ -413,6 +441,7 @@ class Fleet:
             node.consecutive_failures += 1
             if node.open_until is not None or node.consecutive_failures >= CIRCUIT_FAILURES:
                 node.open_until = now + CIRCUIT_COOLDOWN_S
+            self._touch(node)
 
     def record_probe(
         self, node: NodeState, now: float, *, healthy: bool, reported_load: int | None
@@ -428,6 +457,7 @@ class Fleet:
                 node.health = 0.0
                 self._degraded.add(node)
             node.health_at = now
+            self._touch(node)
 
 
 def _prior(family: str, acc: Any) -> tuple[float, float | None]:

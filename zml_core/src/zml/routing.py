@@ -660,7 +660,7 @@ def _indexed(
     while a < size and ordered[a][1] in skip:
         a += 1
     best = ordered[a][0] + own_ms if a < size else _INF
-    if best > limit:
+    if a >= size or best > limit:
         n_over = len(nodes) - size - (len(skip) - in_order)
         n_lat = size - in_order
         return _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
