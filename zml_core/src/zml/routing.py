@@ -628,32 +628,38 @@ def _indexed(
     n_excl = n_circ = n_health = 0
     fail_load = fail_cap = 0
     skip: set[int] = set()
-    in_order = 0  # failing nodes that have an entry in ``ordered``
+    failing: list[NodeView] = []
     if exclude:
         by_id = ix.by_id
         for node_id in exclude:
             pos = by_id.get(node_id)
             if pos is not None:
                 skip.add(pos)
-                n_excl += 1
+                failing.append(nodes[pos])
+        n_excl = len(skip)
     for pos in ix.suspects:
-        if pos in skip:
-            continue
         node = nodes[pos]
         if not node.circuit_allows(now):
+            if pos in skip:
+                continue
             n_circ += 1
         elif node.health < threshold:
+            if pos in skip:
+                continue
             n_health += 1
         else:
             continue
         skip.add(pos)
+        failing.append(node)
     entries = ix.entries
-    for pos in skip:
-        node = nodes[pos]
+    in_order = 0  # failing nodes that have an entry in ``ordered``
+    for node in failing:
         fail_load += node.load
         fail_cap += node.max_concurrency
-        if entries[pos] is not None:
-            in_order += 1
+    if skip:
+        for pos in skip:
+            if entries[pos] is not None:
+                in_order += 1
     ordered = ix.ordered
     size = len(ordered)
     a = 0
@@ -674,10 +680,11 @@ def _indexed(
         b -= 1
     skip_idx: list[int] = []
     if skip:
+        top = ordered[b - 1]
         for pos in skip:
             entry = entries[pos]
-            if entry is not None:
-                k = bisect_left(ordered, entry)
+            if entry is not None and entry <= top:
+                k = bisect_left(ordered, entry, a, b)
                 if a < k < b:
                     skip_idx.append(k)
         skip_idx.sort()
