@@ -628,14 +628,15 @@ def _indexed(
     n_excl = n_circ = n_health = 0
     fail_load = fail_cap = 0
     skip: set[int] = set()
-    failing: list[NodeView] = []
     if exclude:
         by_id = ix.by_id
         for node_id in exclude:
             pos = by_id.get(node_id)
-            if pos is not None:
+            if pos is not None and pos not in skip:
                 skip.add(pos)
-                failing.append(nodes[pos])
+                node = nodes[pos]
+                fail_load += node.load
+                fail_cap += node.max_concurrency
         n_excl = len(skip)
     for pos in ix.suspects:
         node = nodes[pos]
@@ -650,16 +651,9 @@ def _indexed(
         else:
             continue
         skip.add(pos)
-        failing.append(node)
-    entries = ix.entries
-    in_order = 0  # failing nodes that have an entry in ``ordered``
-    for node in failing:
         fail_load += node.load
         fail_cap += node.max_concurrency
-    if skip:
-        for pos in skip:
-            if entries[pos] is not None:
-                in_order += 1
+    entries = ix.entries
     ordered = ix.ordered
     size = len(ordered)
     a = 0
@@ -667,6 +661,7 @@ def _indexed(
         a += 1
     best = ordered[a][0] + own_ms if a < size else _INF
     if a >= size or best > limit:
+        in_order = sum(1 for pos in skip if entries[pos] is not None)
         n_over = len(nodes) - size - (len(skip) - in_order)
         n_lat = size - in_order
         return _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
