@@ -200,7 +200,7 @@ from collections.abc import Hashable, Sequence, Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from .routing_index import FamilyIndex, base_key
+from .routing_index import FamilyIndex, base_key, failing_of
 
 __all__ = [
     "AFFINITY_LOAD_FACTOR",
@@ -556,7 +556,7 @@ class _IndexFound:
 
     __slots__ = ("a", "b", "best", "ix", "limit", "own_ms", "skip", "skip_idx", "util")
 
-    def __init__(self, ix: FamilyIndex, skip: set[int], skip_idx: list[int], a: int, b: int,
+    def __init__(self, ix: FamilyIndex, skip: AbstractSet[int], skip_idx: list[int], a: int, b: int,
                  best: float, util: float, own_ms: float, limit: float) -> None:
         self.ix = ix
         self.skip = skip
@@ -625,44 +625,41 @@ def _indexed(
     nodes = ix.nodes
     if not nodes:
         return _NO_NODES
-    n_excl = n_circ = n_health = 0
-    fail_load = fail_cap = 0
-    skip: set[int] = set()
+    fail = failing_of(ix, now, threshold)
+    circuit = fail.circuit
+    n_circ = fail.n_circ
+    n_health = fail.n_health
+    fail_load = fail.load
+    fail_cap = fail.cap
+    n_excl = 0
+    extra: set[int] = set()  # excluded nodes that pass checks 2-3
     if exclude:
         by_id = ix.by_id
         for node_id in exclude:
             pos = by_id.get(node_id)
-            if pos is not None and pos not in skip:
-                skip.add(pos)
+            if pos is None:
+                continue
+            n_excl += 1
+            failed = circuit.get(pos)
+            if failed is None:
                 node = nodes[pos]
                 fail_load += node.load
                 fail_cap += node.max_concurrency
-        n_excl = len(skip)
-    for pos in ix.suspects:
-        node = nodes[pos]
-        if not node.circuit_allows(now):
-            if pos in skip:
-                continue
-            n_circ += 1
-        elif node.health < threshold:
-            if pos in skip:
-                continue
-            n_health += 1
-        else:
-            continue
-        skip.add(pos)
-        fail_load += node.load
-        fail_cap += node.max_concurrency
+                extra.add(pos)
+            elif failed:
+                n_circ -= 1  # check 1 comes first: it counts as excluded
+            else:
+                n_health -= 1
     entries = ix.entries
     ordered = ix.ordered
     size = len(ordered)
     a = 0
-    while a < size and ordered[a][1] in skip:
+    while a < size and (ordered[a][1] in circuit or ordered[a][1] in extra):
         a += 1
     best = ordered[a][0] + own_ms if a < size else _INF
     if a >= size or best > limit:
-        in_order = sum(1 for pos in skip if entries[pos] is not None)
-        n_over = len(nodes) - size - (len(skip) - in_order)
+        in_order = len(fail.entries) + sum(1 for pos in extra if entries[pos] is not None)
+        n_over = len(nodes) - size - (len(circuit) + len(extra) - in_order)
         n_lat = size - in_order
         return _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
     hi = _window(best)
@@ -674,15 +671,22 @@ def _indexed(
     while b > a + 1 and ordered[b - 1][0] + own_ms > hi:
         b -= 1
     skip_idx: list[int] = []
-    if skip:
-        top = ordered[b - 1]
-        for pos in skip:
-            entry = entries[pos]
-            if entry is not None and entry <= top:
-                k = bisect_left(ordered, entry, a, b)
+    top = ordered[b - 1]
+    for entry in fail.entries:
+        if entry > top:
+            break
+        k = bisect_left(ordered, entry, a, b)
+        if a < k < b:
+            skip_idx.append(k)
+    if extra:
+        for pos in extra:
+            own_entry = entries[pos]
+            if own_entry is not None and own_entry <= top:
+                k = bisect_left(ordered, own_entry, a, b)
                 if a < k < b:
                     skip_idx.append(k)
         skip_idx.sort()
+    skip = circuit.keys() | extra if extra else circuit.keys()
     util = (ix.sum_load - fail_load) / (ix.sum_cap - fail_cap)
     return _IndexFound(ix, skip, skip_idx, a, b, best, util, own_ms, limit)
 

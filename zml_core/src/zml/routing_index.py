@@ -22,11 +22,12 @@ same decisions (a property test keeps them equal).
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, insort
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["FamilyIndex", "base_key"]
+__all__ = ["Failing", "FamilyIndex", "base_key"]
 
 PRIOR_SERVICE_MS = 2000.0  # equal to zml.routing.PRIOR_SERVICE_MS (routing imports this module)
 
@@ -52,11 +53,76 @@ def base_key(node: Any, prior: float, ms_per_token: float) -> float:
     return key
 
 
+class Failing:
+    """Which suspects fail routing's checks 2 (circuit) and 3 (health), for one threshold.
+
+    It holds as long as no suspect changed (``version``) and ``now`` stays in ``[since,
+    until)``: between two circuit deadlines (``open_until``) no circuit changes its answer by
+    itself, and health changes only through the fleet (which bumps the version).
+    """
+
+    __slots__ = ("cap", "circuit", "entries", "load", "n_circ", "n_health", "since",
+                 "threshold", "until", "version")
+
+    def __init__(self, threshold: float, version: int, since: float, until: float,
+                 circuit: dict[int, bool], load: int, cap: int, n_circ: int, n_health: int,
+                 entries: list[tuple[float, int]]) -> None:
+        self.threshold = threshold
+        self.version = version
+        self.since = since
+        self.until = until
+        self.circuit = circuit
+        """Failing position -> True when it fails the circuit check, False for health."""
+        self.load = load
+        self.cap = cap
+        self.n_circ = n_circ
+        self.n_health = n_health
+        self.entries = entries
+        """The failing nodes' entries in ``ordered``, sorted."""
+
+
+def failing_of(ix: FamilyIndex, now: float, threshold: float) -> Failing:
+    """The failing suspects of ``ix`` at ``now`` (cached on the index while valid)."""
+    cached = ix.failing
+    if (cached is not None and cached.version == ix.version and cached.threshold == threshold
+            and cached.since <= now < cached.until):
+        return cached
+    nodes = ix.nodes
+    entries = ix.entries
+    since = -math.inf
+    until = math.inf
+    circuit: dict[int, bool] = {}
+    load = cap = n_circ = n_health = 0
+    for pos in ix.suspects:
+        node = nodes[pos]
+        deadline = getattr(node, "open_until", None)
+        if deadline is not None:
+            if deadline > now:
+                until = min(until, deadline)
+            else:
+                since = max(since, deadline)
+        if not node.circuit_allows(now):
+            circuit[pos] = True
+            n_circ += 1
+        elif node.health < threshold:
+            circuit[pos] = False
+            n_health += 1
+        else:
+            continue
+        load += node.load
+        cap += node.max_concurrency
+    failing_entries = sorted(e for e in (entries[p] for p in circuit) if e is not None)
+    result = Failing(threshold, ix.version, since, until, circuit, load, cap, n_circ, n_health,
+                     failing_entries)
+    ix.failing = result
+    return result
+
+
 class FamilyIndex:
     """One family's nodes serving one model, indexed for routing (module docs)."""
 
-    __slots__ = ("by_id", "entries", "loads", "ms_per_token", "nodes", "ordered", "prior",
-                 "sum_cap", "sum_load", "suspects")
+    __slots__ = ("by_id", "entries", "failing", "loads", "ms_per_token", "nodes", "ordered",
+                 "prior", "sum_cap", "sum_load", "suspects", "version")
 
     def __init__(self, nodes: Sequence[Any], prior: float, prefill_tokens_per_s: float | None):
         self.nodes = list(nodes)
@@ -68,6 +134,11 @@ class FamilyIndex:
         self.entries: list[tuple[float, int] | None] = [None] * len(self.nodes)
         self.loads = [0] * len(self.nodes)
         self.suspects: set[int] = set()
+        self.version = 0
+        """Bumped whenever a suspect node changes (what ``failing`` was computed from)."""
+        self.failing: Failing | None = None
+        """A pure cache, written by routing: which suspects fail checks 2-3, valid for one
+        health threshold, one ``version`` and a span of ``now`` (see :class:`Failing`)."""
         self.sum_load = 0
         self.sum_cap = sum(n.max_concurrency for n in self.nodes)
         for pos in range(len(self.nodes)):
@@ -90,7 +161,12 @@ class FamilyIndex:
             self.entries[pos] = entry
         else:
             self.entries[pos] = None
+        suspects = self.suspects
+        if pos in suspects:
+            self.version += 1
         if node.health < 1.0 or getattr(node, "open_until", None) is not None:
-            self.suspects.add(pos)
+            if pos not in suspects:
+                suspects.add(pos)
+                self.version += 1
         else:
-            self.suspects.discard(pos)
+            suspects.discard(pos)
