@@ -127,6 +127,15 @@ to the same node while it is within the bound, then to the next in its hash orde
 viable node is within the bound, the soft minimum decides. Affinity never picks a node the
 bound excludes, nor a node that is not viable.
 
+The routing index: when the fleet has ``family_index(model, family)`` (``zml.fleet.Fleet``
+does; see :mod:`zml.routing_index`), a family is read through its index instead of being
+scanned: the nodes with room sorted by ``(base, position)``, the suspects (circuit not closed
+or health below 1, the only nodes checks 2-3 can reject) and the family's load and slot
+totals. The best candidate, the window, the utilisation and the rejection reason come from a
+few bisections and the suspects and excluded nodes; the two choices are drawn by position
+among the window's candidates in the same order as the scan keeps them, so both give the same
+decision. Affinity scans the family's viable nodes; calls without a policy scan the fleet.
+
 The trace (``Decision.evaluated``, ``NoRoute.evaluated``) has one entry per family looked at,
 in chain order: ``{"family", "nodes_checked", "rejected_reason"}``. The chosen family's
 ``rejected_reason`` is ``None``; families passed over show their reason (a rejection reason,
