@@ -6,7 +6,7 @@ fleets go through random sequences of state changes (reservations, releases, suc
 latencies, failures that open circuits, probes reporting load or an unhealthy node, lease
 refusals, time passing), and after each one the indexed decision is compared with the decision
 of the same engine on a view of the same fleet without indexes (the scan): same node, same
-family, same prediction, same trace, for every policy mode, prompt size, exclusion and pin.
+family, same prediction, same trace, for every policy mode (and no policy), prompt size, exclusion and pin.
 """
 
 from __future__ import annotations
@@ -87,11 +87,13 @@ policy_st = st.builds(
 
 
 @settings(max_examples=120, deadline=None)
-@given(nodes_st, ops_st, st.lists(policy_st, min_size=1, max_size=3), st.integers(0, 2**31),
+@given(nodes_st, ops_st, st.lists(st.none() | policy_st, min_size=1, max_size=3),
+       st.integers(0, 2**31),
        st.data())
 def test_indexed_decisions_equal_the_scan(
     tmp_path_factory: typing.Any, sizes: list[tuple[int, int, int]],
-    ops: list[tuple[str, int, int, float]], pols: list[P], seed: int, data: st.DataObject,
+    ops: list[tuple[str, int, int, float]], pols: list[P | None], seed: int,
+    data: st.DataObject,
 ) -> None:
     fleet = _fleet(tmp_path_factory, sizes)
     scan = ScanView(fleet)

@@ -739,14 +739,15 @@ def _scan_least_loaded(
     now: float,
     threshold: float,
     exclude: AbstractSet[str],
-) -> tuple[list[NodeView], float, str]:
-    """Scan a family for its least loaded viable nodes (no policy): (ties, their ratio, reason)."""
+) -> tuple[list[Kept], float, str]:
+    """Scan a family for its least loaded viable nodes (no policy): (ties sorted by (ratio,
+    position), their best ratio, reason)."""
     has_exclude = bool(exclude)
     n_excl = n_circ = n_health = n_over = 0
     best = lo = hi = _INF
-    ties: list[NodeView] = []
+    ties: list[Kept] = []
     drift = False
-    for node in nodes:
+    for pos, node in enumerate(nodes):
         load = node.load
         mc = node.max_concurrency
         ratio = load / mc if mc > 0 else _INF
@@ -768,37 +769,129 @@ def _scan_least_loaded(
             best = ratio
             lo = ratio - TIE_MS
             hi = ratio + TIE_MS
-            ties = [node]
+            ties = [(ratio, pos, node)]
         else:
-            ties.append(node)
+            ties.append((ratio, pos, node))
             if ratio < best:
                 best = ratio
                 lo = ratio - TIE_MS
                 hi = ratio + TIE_MS
                 drift = True
     if drift:
-        ties = [n for n in ties if n.load / n.max_concurrency <= hi]
+        ties = [t for t in ties if t[0] <= hi]
     if ties:
+        ties.sort(key=_ratio_pos)
         return ties, best, ""
     if not nodes:
         return ties, best, _NO_NODES
     return ties, best, _family_reason(n_over, 0, n_circ, n_health, n_excl)
 
 
-def _two_choices(ties: Sequence[NodeView], rng: random.Random) -> int:
-    """Power of two choices among tied nodes: the index of the less loaded of two sampled."""
-    n = len(ties)
-    if n == 1:
-        return 0
-    i = rng.randrange(n)
-    j = rng.randrange(n - 1)
-    if j >= i:
-        j += 1
-    a = ties[i]
-    b = ties[j]
-    if b.load / max(b.max_concurrency, 1) < a.load / max(a.max_concurrency, 1):
-        return j
-    return i
+def _ratio_pos(item: Kept) -> tuple[float, int]:
+    return item[0], item[1]
+
+
+class _RatioScan:
+    """A scanned family's least loaded viable nodes (no policy), sorted by (ratio, position)."""
+
+    __slots__ = ("ties",)
+
+    def __init__(self, ties: list[Kept]) -> None:
+        self.ties = ties
+
+    def count(self, hi: float) -> int:
+        ties = self.ties
+        n = 0
+        while n < len(ties) and ties[n][0] <= hi:
+            n += 1
+        return n
+
+    def get(self, r: int) -> NodeView:
+        return self.ties[r][2]
+
+
+class _RatioIndexed:
+    """An indexed family's least loaded viable nodes: ``by_ratio[a:]`` minus ``skip``."""
+
+    __slots__ = ("a", "ix", "skip", "skip_idx")
+
+    def __init__(self, ix: FamilyIndex, a: int, skip: AbstractSet[int]) -> None:
+        self.ix = ix
+        self.a = a
+        self.skip = skip
+        self.skip_idx: list[int] = []
+
+    def count(self, hi: float) -> int:
+        ix = self.ix
+        by_ratio = ix.by_ratio
+        a = self.a
+        b = bisect_right(by_ratio, (hi, _INF), a)
+        if b <= a:
+            return 0
+        top = by_ratio[b - 1]
+        entries = ix.ratio_entries
+        idx: list[int] = []
+        for pos in self.skip:
+            entry = entries[pos]
+            if entry is not None and entry <= top:
+                k = bisect_left(by_ratio, entry, a, b)
+                if a < k < b:
+                    idx.append(k)
+        idx.sort()
+        self.skip_idx = idx
+        return b - a - len(idx)
+
+    def get(self, r: int) -> NodeView:
+        idx = self.a + r
+        for f in self.skip_idx:
+            if f <= idx:
+                idx += 1
+            else:
+                break
+        node: NodeView = self.ix.nodes[self.ix.by_ratio[idx][1]]
+        return node
+
+
+def _indexed_least_loaded(
+    ix: FamilyIndex, now: float, threshold: float, exclude: AbstractSet[str]
+) -> tuple[_RatioIndexed | None, float, str]:
+    """The indexed twin of ``_scan_least_loaded``: (candidates, best ratio, reason)."""
+    nodes = ix.nodes
+    if not nodes:
+        return None, _INF, _NO_NODES
+    fail = failing_of(ix, now, threshold)
+    circuit = fail.circuit
+    n_circ = fail.n_circ
+    n_health = fail.n_health
+    n_excl = 0
+    extra: set[int] = set()
+    if exclude:
+        by_id = ix.by_id
+        for node_id in exclude:
+            pos = by_id.get(node_id)
+            if pos is None:
+                continue
+            n_excl += 1
+            failed = circuit.get(pos)
+            if failed is None:
+                extra.add(pos)
+            elif failed:
+                n_circ -= 1
+            else:
+                n_health -= 1
+    by_ratio = ix.by_ratio
+    size = len(by_ratio)
+    a = 0
+    while a < size and (by_ratio[a][1] in circuit or by_ratio[a][1] in extra):
+        a += 1
+    if a >= size:
+        entries = ix.ratio_entries
+        in_order = sum(1 for pos in circuit if entries[pos] is not None)
+        in_order += sum(1 for pos in extra if entries[pos] is not None)
+        n_over = len(nodes) - size - (len(circuit) + len(extra) - in_order)
+        return None, _INF, _family_reason(n_over, 0, n_circ, n_health, n_excl)
+    skip = circuit.keys() | extra if extra else circuit.keys()
+    return _RatioIndexed(ix, a, skip), by_ratio[a][0], ""
 
 
 def _saving(fleet: FleetView, family: str, next_family: str | None) -> float:
@@ -1002,12 +1095,21 @@ def _route_without_policy(
     threshold: float,
 ) -> Decision | NoRoute:
     families: Sequence[str] = (pinned_family,) if pinned_family is not None else fleet.families()
-    scans: list[tuple[str, int, list[NodeView], float, str]] = []
+    family_index = getattr(fleet, "family_index", None)
+    scans: list[tuple[str, int, _RatioScan | _RatioIndexed | None, float, str]] = []
     best = _INF
     for family in families:
-        nodes = fleet.nodes_for(model, family)
-        ties, ratio, reason = _scan_least_loaded(nodes, now, threshold, exclude)
-        scans.append((family, len(nodes), ties, ratio, reason))
+        ix = family_index(model, family) if family_index is not None else None
+        found: _RatioScan | _RatioIndexed | None
+        if ix is not None:
+            found, ratio, reason = _indexed_least_loaded(ix, now, threshold, exclude)
+            checked = len(ix.nodes)
+        else:
+            nodes = fleet.nodes_for(model, family)
+            ties, ratio, reason = _scan_least_loaded(nodes, now, threshold, exclude)
+            found = _RatioScan(ties) if ties else None
+            checked = len(nodes)
+        scans.append((family, checked, found, ratio, reason))
         if ratio < best:
             best = ratio
 
@@ -1021,26 +1123,36 @@ def _route_without_policy(
         )
 
     hi = best + TIE_MS
-    candidates: list[NodeView] = []
-    owners: list[str] = []
-    for family, _, ties, ratio, _ in scans:
-        if ratio == best:  # every tie of this family is within TIE_MS of the best
-            candidates += ties
-            owners += [family] * len(ties)
-        elif ratio <= hi:
-            for node in ties:
-                if node.load / node.max_concurrency <= hi:
-                    candidates.append(node)
-                    owners.append(family)
-    index = _two_choices(candidates, rng)
-    chosen = candidates[index]
-    chosen_family = owners[index]
+    parts: list[tuple[int, _RatioScan | _RatioIndexed, str]] = []
+    total = 0
+    for family, _, found, ratio, _ in scans:
+        if found is not None and ratio <= hi:
+            n = found.count(hi)
+            if n:
+                parts.append((n, found, family))
+                total += n
+
+    def pick(r: int) -> tuple[NodeView, str]:
+        for n, found, family in parts:
+            if r < n:
+                return found.get(r), family
+            r -= n
+        raise AssertionError("candidate index out of range")  # pragma: no cover
+
+    if total == 1:
+        chosen, chosen_family = pick(0)
+    else:
+        i, j = _p2c(total, rng)
+        chosen, chosen_family = pick(i)
+        other, other_family = pick(j)
+        if _less_loaded(chosen, other):
+            chosen, chosen_family = other, other_family
     trace = tuple(
         FamilyEvaluation(
             f,
             n,
-            None if f == chosen_family else (_NOT_SELECTED if ties else reason),
+            None if f == chosen_family else (_NOT_SELECTED if found is not None else reason),
         )
-        for f, n, ties, _, reason in scans
+        for f, n, found, _, reason in scans
     )
     return Decision(chosen, chosen_family, _predict(chosen), trace)

@@ -121,8 +121,22 @@ def failing_of(ix: FamilyIndex, now: float, threshold: float) -> Failing:
 class FamilyIndex:
     """One family's nodes serving one model, indexed for routing (module docs)."""
 
-    __slots__ = ("by_id", "entries", "failing", "loads", "ms_per_token", "nodes", "ordered",
-                 "prior", "sum_cap", "sum_load", "suspects", "version")
+    __slots__ = (
+        "by_id",
+        "by_ratio",
+        "entries",
+        "failing",
+        "loads",
+        "ms_per_token",
+        "nodes",
+        "ordered",
+        "prior",
+        "ratio_entries",
+        "sum_cap",
+        "sum_load",
+        "suspects",
+        "version",
+    )
 
     def __init__(self, nodes: Sequence[Any], prior: float, prefill_tokens_per_s: float | None):
         self.nodes = list(nodes)
@@ -132,6 +146,10 @@ class FamilyIndex:
         self.ms_per_token = 1000.0 / prefill_tokens_per_s if prefill_tokens_per_s else 0.0
         self.ordered: list[tuple[float, int]] = []
         self.entries: list[tuple[float, int] | None] = [None] * len(self.nodes)
+        self.by_ratio: list[tuple[float, int]] = []
+        """``(load / max_concurrency, pos)`` of the nodes with room, sorted (calls without a
+        policy choose the least loaded)."""
+        self.ratio_entries: list[tuple[float, int] | None] = [None] * len(self.nodes)
         self.loads = [0] * len(self.nodes)
         self.suspects: set[int] = set()
         self.version = 0
@@ -151,6 +169,10 @@ class FamilyIndex:
         if old is not None:
             ordered = self.ordered
             del ordered[bisect_left(ordered, old)]
+            old_ratio = self.ratio_entries[pos]
+            assert old_ratio is not None  # both entries exist together
+            by_ratio = self.by_ratio
+            del by_ratio[bisect_left(by_ratio, old_ratio)]
         load = node.load
         self.sum_load += load - self.loads[pos]
         self.loads[pos] = load
@@ -159,8 +181,12 @@ class FamilyIndex:
             entry = (base_key(node, self.prior, self.ms_per_token), pos)
             insort(self.ordered, entry)
             self.entries[pos] = entry
+            ratio = (load / mc, pos)
+            insort(self.by_ratio, ratio)
+            self.ratio_entries[pos] = ratio
         else:
             self.entries[pos] = None
+            self.ratio_entries[pos] = None
         suspects = self.suspects
         if pos in suspects:
             self.version += 1
