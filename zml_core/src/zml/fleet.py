@@ -370,6 +370,9 @@ class Fleet:
             if recovered >= 1.0:
                 self._degraded.discard(node)
                 self._touch(node)
+            else:
+                for ix, _ in self._memberships[node.id]:
+                    ix.version += 1  # its health changed: routing's failing cache is stale
 
     def reserve(self, node: NodeState, now: float, prompt_tokens: int = 0) -> Reservation:
         """Take a slot on ``node`` (call under :attr:`lock`, in the same critical section as
