@@ -134,7 +134,8 @@ or health below 1, the only nodes checks 2-3 can reject) and the family's load a
 totals. The best candidate, the window, the utilisation and the rejection reason come from a
 few bisections and the suspects and excluded nodes; the two choices are drawn by position
 among the window's candidates in the same order as the scan keeps them, so both give the same
-decision. Affinity scans the family's viable nodes; calls without a policy scan the fleet.
+decision. Calls without a policy read the index's second ordering, by ``(load /
+max_concurrency, position)``; affinity reads every viable node of the chosen family.
 
 The trace (``Decision.evaluated``, ``NoRoute.evaluated``) has one entry per family looked at,
 in chain order: ``{"family", "nodes_checked", "rejected_reason"}``. The chosen family's
@@ -148,7 +149,9 @@ No policy (the 0.2 behaviour)
 Without a policy every family of the fleet registry is considered, in registry order (only
 ``pinned_family`` when one is given), with ``health_threshold`` (default 0.5) and no latency
 limit. Among the nodes passing checks 1-4 in all those families, the one with the lowest
-``load / max_concurrency`` is chosen (ties within 1e-9 by power of two choices as above).
+``load / max_concurrency`` is chosen: the nodes within ``TIE_MS`` of the lowest ratio are the
+candidates (per family in ``(ratio, position)`` order, families in order), and two sampled
+with ``rng`` are compared as above.
 The trace lists every family considered: the chosen family with ``None``, other families
 that had viable nodes with the soft reason ``not_selected``, the others with their rejection
 reason. ``NoRoute.policy`` is ``None``.
