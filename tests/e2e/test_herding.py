@@ -94,3 +94,39 @@ def test_concurrent_streams_spread_instead_of_filling_the_fastest_first(sim_flee
     assert min(counts.values()) >= 2, counts
     for nid in IDS:
         assert setup.node(nid).stats.running_peak <= 4
+
+
+TRIAL_NODES = [*NODES, {"id": "mi-1", "family": "MI300X", "max_concurrency": 4}]
+TRIAL_POLICIES = {
+    "rr": {"accelerator_chain": ["H100", "MI300X"], "strategy": "round_robin"},
+    "sticky": {"accelerator_chain": ["H100"], "affinity": "prefix"},
+}
+
+
+async def _trial(config: Any) -> tuple[list[str], list[str], list[str]]:
+    async with _client(config, 5) as client:
+        rr = [(await client.infer(MODEL, ASK, policy="rr", max_tokens=2)).routing.node_id
+              for _ in range(8)]
+        system = " ".join(f"rule{i}" for i in range(600))  # more than one 512-token block
+        sticky = []
+        for i in range(4):
+            msgs = [{"role": "system", "content": system}, {"role": "user", "content": f"q{i}"}]
+            sticky.append((await client.infer(MODEL, msgs, policy="sticky",
+                                              max_tokens=2)).routing.node_id)
+        other = " ".join(f"other{i}" for i in range(600))
+        second = [(await client.infer(MODEL, [{"role": "system", "content": other}],
+                                      policy="sticky", max_tokens=2)).routing.node_id
+                  for _ in range(2)]
+        return rr, sticky, second
+
+
+def test_strategy_and_prefix_affinity_as_policy_fields_on_loopback(sim_fleet: Any) -> None:
+    setup = sim_fleet(TRIAL_NODES, TRIAL_POLICIES,
+                      {"H100": {"cost_per_hour": 4.0}, "MI300X": {"cost_per_hour": 3.0}})
+    rr, sticky, second = asyncio.run(_trial(setup.path))
+    # round_robin takes every node serving the model in turn, the chain's order ignored
+    assert Counter(rr) == Counter({"h100-fast": 2, "h100-b": 2, "h100-c": 2, "mi-1": 2})
+    assert rr[:4] == ["h100-fast", "h100-b", "h100-c", "mi-1"]
+    # one leading block, one node (sequential requests: always within the load bound)
+    assert len(set(sticky)) == 1
+    assert len(set(second)) == 1
