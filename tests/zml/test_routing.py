@@ -14,6 +14,8 @@ from zml import routing
 from zml.routing import (
     COST_LATENCY_MARGIN,
     HIGH_WATER,
+    NEAR_BEST_MS,
+    NEAR_BEST_SHARE,
     PRIOR_SERVICE_MS,
     PRIOR_TTFT_MS,
     REJECTION_REASONS,
@@ -522,36 +524,98 @@ def test_two_tied_nodes_pick_the_less_loaded() -> None:
     assert {decision(policy, fleet, seed=s).node.id for s in range(30)} == {"idle"}
 
 
-def test_ties_within_epsilon_only() -> None:
-    policy = Policy(accelerator_chain=("H100",))
-    near = Fleet([Node("a", load=3, ttft_ms=100.0 + 5e-10), Node("b", load=0, ttft_ms=100.0)])
-    # tied: p2c over both picks the less loaded b whichever is sampled first
-    assert decision(policy, near).node.id == "b"
-    apart = Fleet([Node("a", load=0, ttft_ms=100.0 + 1e-6), Node("b", load=3, ttft_ms=100.0)])
-    assert {decision(policy, apart, seed=s).node.id for s in range(20)} == {"b"}
+def test_near_best_window_shares_load_but_excludes_clearly_slower_nodes() -> None:
+    # Rule changed deliberately (no herding): the old exact-tie window (TIE_MS) became the
+    # near-best window best * (1 + NEAR_BEST_SHARE) + NEAR_BEST_MS.
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=None)
+    best = 100.0
+    edge = best * (1 + NEAR_BEST_SHARE) + NEAR_BEST_MS
+    nodes = [
+        Node("best", ttft_ms=best),
+        Node("inside", ttft_ms=edge),
+        Node("outside", ttft_ms=edge + 1e-6),
+    ]
+    chosen = {decision(policy, Fleet(nodes), seed=s).node.id for s in range(40)}
+    assert chosen == {"best", "inside"}
+
+
+def test_sequential_requests_on_equal_loads_spread_over_the_near_best() -> None:
+    # the herding case: one node observed a little faster than the others' prediction
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=None)
+    nodes = [Node("fast", ttft_ms=40.0), Node("b", ttft_ms=None), Node("c", ttft_ms=55.0)]
+    fleet = Fleet(nodes)
+    rng = random.Random(1)
+    picks = [route(policy, MODEL, fleet, now=NOW, rng=rng).node.id  # type: ignore[union-attr]
+             for _ in range(12)]
+    assert set(picks) == {"fast", "c"}  # b's 200 ms prior is outside the window of 40 ms
 
 
 @pytest.mark.parametrize("priority", ["cost", "latency", "balanced"])
-def test_tie_window_follows_the_true_minimum(
+def test_window_follows_the_true_minimum(
     priority: typing.Literal["cost", "latency", "balanced"],
 ) -> None:
     policy = Policy(accelerator_chain=("H100",), cost_priority=priority, latency_target_ms=None)
-    # "a" ties with "b", "b" ties with "c", but "a" is 1.6e-9 above "c": not a tie
+    # "a" is inside the window of "b" (seen first) but outside the window of "c"
     nodes = [
-        Node("a", max_concurrency=8, load=0, ttft_ms=100.0 + 1.6e-9),
-        Node("b", max_concurrency=8, load=5, ttft_ms=100.0 + 0.8e-9),
-        Node("c", max_concurrency=8, load=6, ttft_ms=100.0),
+        Node("b", max_concurrency=8, load=5, ttft_ms=120.0),
+        Node("a", max_concurrency=8, load=0, ttft_ms=140.0),
+        Node("c", max_concurrency=8, load=6, ttft_ms=80.0),
     ]
     chosen = {decision(policy, Fleet(nodes), seed=s).node.id for s in range(40)}
-    assert chosen == {"b"}  # p2c over {b, c}: b is less loaded
+    assert chosen == {"b"}  # window of c is 125: p2c over {b, c}, b is less loaded
 
 
-def test_single_best_node_does_not_touch_rng() -> None:
+def test_single_near_best_node_does_not_touch_rng() -> None:
     policy = Policy(accelerator_chain=("H100",))
     rng = random.Random(7)
     state = rng.getstate()
-    route(policy, MODEL, Fleet([Node("a"), Node("b", ttft_ms=150.0)]), now=NOW, rng=rng)
+    route(policy, MODEL, Fleet([Node("a"), Node("b", ttft_ms=250.0)]), now=NOW, rng=rng)
     assert rng.getstate() == state
+
+
+def test_prompt_size_adds_prefill_at_the_familys_throughput() -> None:
+    class Priors(Fleet):
+        def family_prior(self, family: str) -> tuple[float, float | None]:
+            return 10.0, 20_000.0
+
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=None)
+    fleet = Priors([Node("a", ttft_ms=None)])
+    tokens = routing.prompt_tokens_from_chars(48_000)
+    assert tokens == 12_000
+    long = decision(policy, fleet, prompt_tokens=tokens).predicted_ttft_ms
+    short = decision(policy, fleet, prompt_tokens=200).predicted_ttft_ms
+    assert long == pytest.approx(10.0 + 12_000 / 20.0)
+    assert short == pytest.approx(10.0 + 200 / 20.0)
+    assert routing.prompt_tokens_from_chars(0) == 0
+    assert routing.prompt_tokens_from_chars(5) == 2
+
+
+def test_queued_prefill_ahead_counts_the_waiting_share_of_tokens_in_flight() -> None:
+    class Priors(Fleet):
+        def family_prior(self, family: str) -> tuple[float, float | None]:
+            return 10.0, 1000.0
+
+    @dataclass
+    class Busy(Node):
+        tokens_in_flight: int = 0
+
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=None)
+    node = Busy("a", max_concurrency=2, max_queue=4, load=4, ttft_ms=None, service_ms=1000.0,
+                tokens_in_flight=4000)
+    pred = decision(policy, Priors([node]), prompt_tokens=100).predicted_ttft_ms
+    # 10 + 100 own tokens + (4 - 2 + 1) * 1000 / 2 + 4000 * (4 - 2) / 4 tokens waiting
+    assert pred == pytest.approx(10.0 + 100.0 + 1500.0 + 2000.0)
+
+
+def test_an_unobserved_node_is_explored_with_an_optimistic_prior() -> None:
+    class Priors(Fleet):
+        def family_prior(self, family: str) -> tuple[float, float | None]:
+            return 10.0, None
+
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=None)
+    fleet = Priors([Node("seen", ttft_ms=30.0), Node("new", ttft_ms=None)])
+    chosen = {decision(policy, fleet, seed=s).node.id for s in range(20)}
+    assert "new" in chosen
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,8 @@ from hypothesis import given, settings, strategies as st
 from zml.routing import (
     COST_LATENCY_MARGIN,
     HIGH_WATER,
+    NEAR_BEST_MS,
+    NEAR_BEST_SHARE,
     PRIOR_SERVICE_MS,
     PRIOR_TTFT_MS,
     REJECTION_REASONS,
@@ -232,11 +234,17 @@ def ref_policy_outcome(
             soft = i if soft is None else soft
             continue
         trace.append((family, rf.checked, None))
-        return family, trace, best_ids(rf.viable, ref_pred)
+        return family, trace, near_best_ids(rf.viable)
     if soft is not None:
         trace[soft] = (trace[soft][0], trace[soft][1], None)
-        return chain[soft], trace, best_ids(fams[soft].viable, ref_pred)
+        return chain[soft], trace, near_best_ids(fams[soft].viable)
     return None, trace, set()
+
+
+def near_best_ids(nodes: list[Node]) -> set[str]:
+    """The near-best window: within NEAR_BEST_SHARE and NEAR_BEST_MS of the best prediction."""
+    low = min(ref_pred(n) for n in nodes)
+    return {n.id for n in nodes if ref_pred(n) <= low * (1 + NEAR_BEST_SHARE) + NEAR_BEST_MS}
 
 
 def best_ids(nodes: list[Node], key: typing.Callable[[Node], float]) -> set[str]:

@@ -17,6 +17,15 @@ and of probe results; after a failure it recovers linearly without traffic, at a
 ``HEALTH_RECOVERY_S`` (so back to 1 within ``HEALTH_RECOVERY_S``), so a node skipped for low
 health is tried again later.
 
+Priors (``family_prior``): until a node's time to first token is observed, routing predicts
+it from the family's profile, the idle figures of the simulated node model
+(``zml.sim.profiles``): a fixed part ``ttft_ms`` and a prefill throughput
+``prefill_tokens_per_s``. ``FAMILY_PRIORS`` holds them per built-in family (a copy, so that
+the core does not import the simulator; a test keeps the two equal), an unknown family gets
+the A100's, and ``[accelerators.NAME.sim]`` ``ttft_ms`` / ``prefill_tokens_per_s`` override
+them. They are optimistic on purpose (an idle node, no network): an unobserved node ranks with
+or ahead of observed ones, so it is tried rather than starved.
+
 Circuit breaker, per node: ``CIRCUIT_FAILURES`` consecutive failures open it for
 ``CIRCUIT_COOLDOWN_S``; then it is half-open and admits one trial request; success closes it,
 failure opens it again.
@@ -27,18 +36,23 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from .config import NodeConfig, Registry, redact_url
 from .ledger import SlotLedger
+from .routing_index import FamilyIndex
+from .strategies import StrategyState
 from .transport import completion_url
 
 __all__ = [
     "CIRCUIT_COOLDOWN_S",
     "CIRCUIT_FAILURES",
+    "DEFAULT_PRIOR",
     "EWMA_ALPHA",
+    "FAMILY_PRIORS",
     "HEALTH_ALPHA",
     "HEALTH_RECOVERY_S",
     "Fleet",
@@ -52,6 +66,22 @@ HEALTH_ALPHA = 0.3
 HEALTH_RECOVERY_S = 30.0
 CIRCUIT_FAILURES = 5
 CIRCUIT_COOLDOWN_S = 10.0
+
+FAMILY_PRIORS: Mapping[str, tuple[float, float]] = MappingProxyType({
+    "H100": (10.0, 27712.0),
+    "H100_PCIe": (10.0, 21183.0),
+    "MI300X": (10.0, 36633.0),
+    "A100": (10.0, 8742.0),
+    "L4": (10.0, 3390.0),
+    "CPU": (20.0, 714.0),
+    "H200": (10.0, 27712.0),
+    "B200": (10.0, 63045.0),
+    "L40S": (10.0, 10143.0),
+})
+"""``(ttft_ms, prefill_tokens_per_s)`` per built-in family (the profiles of zml.sim)."""
+DEFAULT_PRIOR: tuple[float, float] = FAMILY_PRIORS["A100"]
+"""The prior of a family that is not in ``FAMILY_PRIORS``."""
+_LOWER_PRIORS = MappingProxyType({k.lower(): v for k, v in FAMILY_PRIORS.items()})
 
 class NodeState:
     """One node's static description and live state (satisfies ``routing.NodeView``)."""
@@ -77,10 +107,14 @@ class NodeState:
         "reported_at",
         "reported_load",
         "service_ms",
+        "tokens_in_flight",
         "trial_in_flight",
         "ttft_ms",
         "url",
     )
+
+    tokens_in_flight: int
+    """Prompt tokens of this client's requests in flight on the node (set by the Fleet)."""
 
     def __init__(self, config: NodeConfig, fleet: Fleet) -> None:
         self.config: NodeConfig = config
@@ -121,6 +155,11 @@ class NodeState:
         return now >= self.open_until and not self.trial_in_flight
 
     @property
+    def latency_ms(self) -> float | None:
+        """The observed TTFT (EWMA) as ``zml.strategies.Candidate`` reads it."""
+        return self.ttft_ms
+
+    @property
     def circuit_state(self) -> str:
         """``closed``, ``open`` or ``half_open`` (as last updated)."""
         if self.open_until is None:
@@ -144,6 +183,8 @@ class Reservation:
     trial: bool = False
     released: bool = False
     lease_id: str | None = None
+    prompt_tokens: int = 0
+    """The request's prompt size, counted in the node's ``tokens_in_flight`` while held."""
 
 
 def report_load(node: NodeState, now: float, reported_load: int) -> None:
@@ -163,12 +204,29 @@ class Fleet:
         self._waiters: list[Callable[[], None]] = []
         self._nodes: dict[str, NodeState] = {}
         self._index: dict[tuple[str, str], list[NodeState]] = {}
+        self._serving: dict[str, list[NodeState]] = {}
         for cfg in registry.nodes:
             state = NodeState(cfg, self)
+            state.tokens_in_flight = 0  # prompt tokens of this client's requests in flight
             self._nodes[cfg.id] = state
             for model in cfg.models:
                 self._index.setdefault((model, cfg.family), []).append(state)
+                self._serving.setdefault(model, []).append(state)
         self._families = tuple(registry.families)
+        self._priors = {name: _prior(name, acc) for name, acc in registry.families.items()}
+        self._strategy_states: dict[str, StrategyState] = {}
+        # The routing index (zml.routing_index): one FamilyIndex per (model, family), and for
+        # each node the (index, position) pairs to bring up to date when its state changes.
+        self._family_indexes: dict[tuple[str, str], FamilyIndex] = {}
+        self._memberships: dict[str, list[tuple[FamilyIndex, int]]] = {
+            n.id: [] for n in self._nodes.values()
+        }
+        for (model, family), members in self._index.items():
+            ttft, tps = self.family_prior(family)
+            ix = FamilyIndex(members, ttft, tps)
+            self._family_indexes[(model, family)] = ix
+            for pos, member in enumerate(members):
+                self._memberships[member.id].append((ix, pos))
         self._costs = {name: acc.cost_per_hour for name, acc in registry.families.items()}
         self._degraded: set[NodeState] = set()
         self._empty: tuple[NodeState, ...] = ()
@@ -203,6 +261,7 @@ class Fleet:
             node.reported_load = reported_load
             node.reported_at = now
             node._update_load()
+            self._touch(node)
             freed = node.load < before
         if freed:
             self.notify_capacity()
@@ -220,6 +279,33 @@ class Fleet:
     def nodes_for(self, model: str, family: str) -> Sequence[NodeState]:
         """Nodes of ``family`` serving ``model`` (an index lookup)."""
         return self._index.get((model, family), self._empty)
+
+    def family_index(self, model: str, family: str) -> FamilyIndex | None:
+        """The routing index of ``family``'s nodes serving ``model`` (None: none serve it)."""
+        return self._family_indexes.get((model, family))
+
+    def _touch(self, node: NodeState) -> None:
+        # Bring the routing index up to date with ``node`` (callers hold the lock).
+        for ix, pos in self._memberships[node.id]:
+            ix.update(pos)
+
+    def family_prior(self, family: str) -> tuple[float, float | None]:
+        """``(ttft_ms, prefill_tokens_per_s)`` routing assumes for the family (module docs)."""
+        prior = self._priors.get(family)
+        if prior is None:
+            prior = _prior(family, None)
+        return prior
+
+    def serving(self, model: str) -> Sequence[NodeState]:
+        """Every node serving ``model``, in registry order (the baseline strategies' pool)."""
+        return self._serving.get(model, self._empty)
+
+    def strategy_state(self, name: str) -> StrategyState:
+        """The memory of baseline strategy ``name`` on this fleet (round-robin's cursor)."""
+        state = self._strategy_states.get(name)
+        if state is None:
+            state = self._strategy_states[name] = StrategyState()
+        return state
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -283,16 +369,23 @@ class Fleet:
             node.health_at = now
             if recovered >= 1.0:
                 self._degraded.discard(node)
+                self._touch(node)
+            else:
+                for ix, _ in self._memberships[node.id]:
+                    ix.version += 1  # its health changed: routing's failing cache is stale
 
-    def reserve(self, node: NodeState, now: float) -> Reservation:
+    def reserve(self, node: NodeState, now: float, prompt_tokens: int = 0) -> Reservation:
         """Take a slot on ``node`` (call under :attr:`lock`, in the same critical section as
-        the routing decision)."""
+        the routing decision); ``prompt_tokens`` is the request's prompt size."""
         node.in_flight += 1
         node._update_load()
+        tokens = prompt_tokens if prompt_tokens > 0 else 0
+        node.tokens_in_flight += tokens
         trial = node.open_until is not None and now >= node.open_until
         if trial:
             node.trial_in_flight = True
-        return Reservation(node, now, trial)
+        self._touch(node)
+        return Reservation(node, now, trial, prompt_tokens=tokens)
 
     def release(self, reservation: Reservation) -> bool:
         """Give the slot back; False if it was already released (so double release is safe)."""
@@ -302,12 +395,14 @@ class Fleet:
             reservation.released = True
             node = reservation.node
             node.in_flight -= 1
+            node.tokens_in_flight -= reservation.prompt_tokens
             if node.reported_load and reservation.taken_at <= node.reported_at:
                 # The node's last report counted this request; it is gone now.
                 node.reported_load -= 1
             node._update_load()
             if reservation.trial:
                 node.trial_in_flight = False
+            self._touch(node)
         if reservation.lease_id is not None and self.ledger is not None:
             self.ledger.release(node, reservation.lease_id)
         self.notify_capacity()
@@ -322,6 +417,7 @@ class Fleet:
             node.reported_load = node.max_concurrency + node.max_queue
             node.reported_at = now
             node._update_load()
+            self._touch(node)
 
     def record_success(
         self, node: NodeState, now: float, ttft_s: float | None, service_s: float | None
@@ -337,6 +433,7 @@ class Fleet:
             if node.health < 1.0:
                 node.health = min(1.0, node.health + HEALTH_ALPHA * (1.0 - node.health))
                 node.health_at = now
+            self._touch(node)
 
     def record_failure(self, node: NodeState, now: float) -> None:
         """A call on ``node`` failed (a node-side failure): health down, maybe open the circuit."""
@@ -347,6 +444,7 @@ class Fleet:
             node.consecutive_failures += 1
             if node.open_until is not None or node.consecutive_failures >= CIRCUIT_FAILURES:
                 node.open_until = now + CIRCUIT_COOLDOWN_S
+            self._touch(node)
 
     def record_probe(
         self, node: NodeState, now: float, *, healthy: bool, reported_load: int | None
@@ -362,6 +460,17 @@ class Fleet:
                 node.health = 0.0
                 self._degraded.add(node)
             node.health_at = now
+            self._touch(node)
+
+
+def _prior(family: str, acc: Any) -> tuple[float, float | None]:
+    prior = FAMILY_PRIORS.get(family) or _LOWER_PRIORS.get(family.lower(), DEFAULT_PRIOR)
+    ttft, tps = prior
+    sim = getattr(acc, "sim", None)
+    if sim is not None:
+        ttft = sim.ttft_ms if sim.ttft_ms is not None else ttft
+        tps = sim.prefill_tokens_per_s if sim.prefill_tokens_per_s is not None else tps
+    return float(ttft), float(tps)
 
 
 def _ewma(old: float | None, sample: float) -> float:

@@ -36,6 +36,9 @@ __all__ = ["CostPriority", "Policy", "PolicyRef", "resolve_policy", "validate_po
 
 CostPriority = Literal["cost", "latency", "balanced"]
 _COST_PRIORITIES = ("cost", "latency", "balanced")
+Strategy = Literal["round_robin", "random", "least_busy", "latency_based"]
+_STRATEGIES = ("round_robin", "random", "least_busy", "latency_based")
+Affinity = Literal["prefix"]
 
 # The registry a Policy being built right now is checked against, when it is not the default
 # one (a client validating a dict or a config table against its own registry). A ContextVar:
@@ -59,6 +62,12 @@ class Policy(BaseModel):
             instead of raising RoutingError at once.
         max_queue_ms: how long a request may wait in that queue (default: the request's timeout).
         health_threshold: nodes whose health score (0..1) is below it are skipped.
+        strategy: None (zml's own routing) or a baseline strategy for side-by-side trials:
+            ``"round_robin"``, ``"random"``, ``"least_busy"`` or ``"latency_based"`` (see
+            :mod:`zml.strategies`); a strategy ignores the chain order, the latency target and
+            cost, as the peers it imitates do.
+        affinity: None, or ``"prefix"``: prefer the node likely to hold the prompt's leading
+            prefix blocks, within a load bound (see :mod:`zml.routing`).
 
     Raises:
         PolicyConfigError: at construction, for any invalid field or unregistered family.
@@ -73,6 +82,8 @@ class Policy(BaseModel):
     queue_on_saturation: bool = False
     max_queue_ms: float | None = Field(default=None, gt=0)
     health_threshold: float = Field(default=0.5, ge=0, le=1)
+    strategy: Strategy | None = None
+    affinity: Affinity | None = None
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -154,6 +165,8 @@ def policy_error_from_validation(exc: ValidationError, name: object) -> PolicyCo
     else:
         if fld == "cost_priority" and isinstance(value, str):
             hint = suggest(value, _COST_PRIORITIES)
+        elif fld == "strategy" and isinstance(value, str):
+            hint = suggest(value, _STRATEGIES)
         msg = f"{prefix}{fld} = {value!r}: {err['msg']}" + (
             f"; did you mean {hint!r}?" if hint else ""
         )

@@ -1,6 +1,7 @@
 """How zml chooses the node that serves a request.
 
-``route(policy, model, fleet, now=..., rng=...)`` is a pure function: it reads a snapshot of
+``route(policy, model, fleet, now=..., rng=..., prompt_tokens=..., prefix_blocks=...)`` is a
+pure function: it reads a snapshot of
 the fleet, reads no clock (``now`` is passed in), does no I/O, changes nothing, and draws
 randomness only from the ``random.Random`` it is given, so the same inputs and the same seed
 always give the same answer. It returns a :class:`Decision` (the node, its family, the
@@ -20,7 +21,16 @@ Constants
 ``BALANCED_SPAN = 0.2``
     How far above ``HIGH_WATER`` ``"balanced"`` may hold to a family when staying saves money.
 ``TIE_MS = 1e-9``
-    Predicted TTFTs closer than this are a tie.
+    Without a policy, load ratios closer than this are a tie.
+``NEAR_BEST_SHARE = 0.25`` and ``NEAR_BEST_MS = 25.0``
+    The near-best window: a viable node predicted within ``best x (1 + 0.25) + 25 ms`` of the
+    family's best prediction shares the load with it (no herding).
+``CHARS_PER_TOKEN = 4``
+    The prompt-size rule: a request's ``prompt_chars`` count as ``ceil(chars / 4)`` tokens
+    (:func:`prompt_tokens_from_chars`; a replayed trace passes its token counts).
+``AFFINITY_LOAD_FACTOR = 1.25``
+    Under ``affinity = "prefix"`` a node takes the request only while its load stays within
+    1.25 x its share of the family's load (consistent hashing with bounded loads).
 ``MAX_IDS_IN_RECOMMENDATION = 5``
     Node ids named in a recommendation before it says "and N more".
 
@@ -44,12 +54,22 @@ treated as having no room.)
 
 Predicted time to first token::
 
-    ahead = max(0, load - max_concurrency + 1)        # requests this one would wait behind
-    pred  = ttft + ahead * service / max_concurrency
+    ahead  = max(0, load - max_concurrency + 1)       # requests this one would wait behind
+    pred   = ttft + prefill(prompt_tokens)            # a node with a free slot
+           + ahead * service / max_concurrency        # when the slots are taken
+           + prefill(waiting_tokens)
+    prefill(t)     = t / prefill_tokens_per_s x 1000 ms
+    waiting_tokens = tokens_in_flight x (load - max_concurrency) / load
 
-where ``ttft`` is the node's observed TTFT (EWMA) or ``PRIOR_TTFT_MS`` and ``service`` its
-observed service time (EWMA) or ``PRIOR_SERVICE_MS``. A node with a free slot is predicted
-at its plain TTFT; each request queued ahead adds a share of a service time.
+``ttft`` is the node's observed TTFT (EWMA) or, until one is observed, the family's prior
+``ttft_ms``; ``service`` its observed service time (EWMA) or ``PRIOR_SERVICE_MS``.
+``prefill_tokens_per_s`` and the prior come from the fleet's ``family_prior(family)`` (the
+family's profile, see :mod:`zml.fleet`); a fleet without one gives ``PRIOR_TTFT_MS`` and no
+prefill term. ``tokens_in_flight`` (the prompt tokens of this client's requests on the node)
+is read when the node has it, and its waiting share is the queued prefill ahead of this
+request. ``load`` counts every request on the node, this client's in flight included (and what
+the node reported on ``/metrics``). Priors are the profile's idle figures, optimistic on
+purpose: an unobserved node ranks with or ahead of observed ones and is explored, not starved.
 
 The latency limit: none when the policy has no ``latency_target_ms``; otherwise
 ``latency_target_ms x COST_LATENCY_MARGIN`` under ``"cost"`` and ``latency_target_ms``
@@ -87,11 +107,35 @@ The first accepted family wins and the walk stops there. When every family with 
 was passed over, the first of them wins after all (a busy family beats none). When no family
 has a viable node the result is a ``NoRoute`` (``final_error = "no_viable_node"``).
 
-Within the chosen family the viable node with the lowest predicted TTFT is chosen, and that
-prediction is ``Decision.predicted_ttft_ms``. Nodes
-within ``TIE_MS`` of the lowest are tied; among ties zml samples two with ``rng``
-(power of two choices) and takes the one with the lower ``load / max_concurrency`` (the
-first sampled when equal); a single tied node is taken as is.
+Within the chosen family (the soft minimum, no herding): the viable nodes predicted within the
+near-best window ``best x (1 + NEAR_BEST_SHARE) + NEAR_BEST_MS`` of the lowest prediction are
+the candidates; a single candidate is taken as is; otherwise zml samples two distinct
+candidates with ``rng`` (power of two choices) and takes the one with the lower
+``load / max_concurrency`` (the first sampled when equal). Its prediction is
+``Decision.predicted_ttft_ms``. So nodes of nearly equal speed share sequential traffic
+evenly, concurrent requests go to the less loaded, and a node clearly slower than the best
+(outside the window) is not used while the best has room.
+
+Prefix affinity (``policy.affinity == "prefix"`` and the request has ``prefix_blocks``):
+before the soft minimum, the node is chosen by rendezvous hashing of the first block id over
+the family's viable nodes with bounded loads. A viable node is *within the load bound* when
+``load + 1 <= ceil(AFFINITY_LOAD_FACTOR x (L + 1) x max_concurrency / C)`` where ``L`` and
+``C`` are the sums of ``load`` and ``max_concurrency`` over the family's viable nodes
+(:func:`affinity_bound`). Among those, the one with the highest
+``crc32(f"{block}\x1f{node_id}")`` is chosen: every prompt starting with the same block goes
+to the same node while it is within the bound, then to the next in its hash order. When no
+viable node is within the bound, the soft minimum decides. Affinity never picks a node the
+bound excludes, nor a node that is not viable.
+
+The routing index: when the fleet has ``family_index(model, family)`` (``zml.fleet.Fleet``
+does; see :mod:`zml.routing_index`), a family is read through its index instead of being
+scanned: the nodes with room sorted by ``(base, position)``, the suspects (circuit not closed
+or health below 1, the only nodes checks 2-3 can reject) and the family's load and slot
+totals. The best candidate, the window, the utilisation and the rejection reason come from a
+few bisections and the suspects and excluded nodes; the two choices are drawn by position
+among the window's candidates in the same order as the scan keeps them, so both give the same
+decision. Calls without a policy read the index's second ordering, by ``(load /
+max_concurrency, position)``; affinity reads every viable node of the chosen family.
 
 The trace (``Decision.evaluated``, ``NoRoute.evaluated``) has one entry per family looked at,
 in chain order: ``{"family", "nodes_checked", "rejected_reason"}``. The chosen family's
@@ -105,7 +149,9 @@ No policy (the 0.2 behaviour)
 Without a policy every family of the fleet registry is considered, in registry order (only
 ``pinned_family`` when one is given), with ``health_threshold`` (default 0.5) and no latency
 limit. Among the nodes passing checks 1-4 in all those families, the one with the lowest
-``load / max_concurrency`` is chosen (ties within 1e-9 by power of two choices as above).
+``load / max_concurrency`` is chosen: the nodes within ``TIE_MS`` of the lowest ratio are the
+candidates (per family in ``(ratio, position)`` order, families in order), and two sampled
+with ``rng`` are compared as above.
 The trace lists every family considered: the chosen family with ``None``, other families
 that had viable nodes with the soft reason ``not_selected``, the others with their rejection
 reason. ``NoRoute.policy`` is ``None``.
@@ -160,15 +206,23 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence, Set as AbstractSet
+import zlib
+from bisect import bisect_left, bisect_right
+from collections.abc import Hashable, Sequence, Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from .routing_index import FamilyIndex, base_key, failing_of
+
 __all__ = [
+    "AFFINITY_LOAD_FACTOR",
     "BALANCED_SPAN",
+    "CHARS_PER_TOKEN",
     "COST_LATENCY_MARGIN",
     "HIGH_WATER",
     "MAX_IDS_IN_RECOMMENDATION",
+    "NEAR_BEST_MS",
+    "NEAR_BEST_SHARE",
     "PRIOR_SERVICE_MS",
     "PRIOR_TTFT_MS",
     "REJECTION_REASONS",
@@ -182,6 +236,8 @@ __all__ = [
     "NodeView",
     "PolicyView",
     "RejectionReason",
+    "affinity_bound",
+    "prompt_tokens_from_chars",
     "route",
 ]
 
@@ -192,6 +248,10 @@ HIGH_WATER = 0.8
 BALANCED_SPAN = 0.2
 TIE_MS = 1e-9
 MAX_IDS_IN_RECOMMENDATION = 5
+NEAR_BEST_SHARE = 0.25
+NEAR_BEST_MS = 25.0
+CHARS_PER_TOKEN = 4
+AFFINITY_LOAD_FACTOR = 1.25
 
 RejectionReason = Literal[
     "no_nodes_for_model",
@@ -369,98 +429,55 @@ def _predict(node: NodeView) -> float:
     return ttft + (load - mc + 1) * service / mc
 
 
-# The three loops below are the hot path (a family can hold thousands of nodes): plain local
-# variables, no allocation per node, no exceptions. They share one observation: the per-node
-# reason counts only matter when the family ends with no viable node. So once a viable node has
-# been found (``hi`` is finite), a node that cannot tie or beat it is skipped without finishing
-# its checks; where the utilisation is not needed, it is skipped before the (method-call)
-# circuit check. A node that could be chosen always goes through every check, in order.
+# The scan below is the hot path (a family can hold thousands of nodes): plain local variables,
+# no allocation per node that is not kept, no exceptions. The per-node reason counts only matter
+# when the family ends with no viable node. A viable node whose prediction is already outside
+# the near-best window of the best seen so far is not kept (unless affinity needs every viable
+# node); the window only shrinks as the best improves, so the final filter is exact.
 
 
-def _scan_nearest(
+def prompt_tokens_from_chars(chars: int) -> int:
+    """The prompt-size rule: ``ceil(chars / CHARS_PER_TOKEN)`` tokens (0 for no text)."""
+    return -(-max(0, chars) // CHARS_PER_TOKEN)
+
+
+def _window(best: float) -> float:
+    return best * (1.0 + NEAR_BEST_SHARE) + NEAR_BEST_MS
+
+
+def _node_prediction(
+    node: NodeView, prior: float, own_ms: float, ms_per_token: float
+) -> float:
+    """The documented prediction of one node: ``base_key(node) + own_ms``."""
+    return base_key(node, prior, ms_per_token) + own_ms
+
+
+Kept = tuple[float, int, NodeView]
+"""A viable node as the scan keeps it: (base key, registry position in the family, node)."""
+
+
+def _scan(
     nodes: Sequence[NodeView],
     now: float,
     threshold: float,
     limit: float,
     exclude: AbstractSet[str],
-) -> tuple[list[NodeView], str]:
-    """Scan a family for its viable nodes of lowest predicted TTFT: (ties, family reason).
+    prior: float,
+    own_ms: float,
+    ms_per_token: float,
+    keep_all: bool,
+) -> tuple[list[Kept], float, float, str]:
+    """Scan one family: (kept viable nodes, best pred, U, reason).
 
-    The reason only means something when the tie list is empty (no viable node).
+    The reason only means something when nothing was kept (no viable node).
     """
-    has_exclude = bool(exclude)
-    n_excl = n_circ = n_health = n_over = n_lat = 0
-    best = lo = hi = _INF
-    ties: list[NodeView] = []
-    drift = False
-    for node in nodes:
-        load = node.load
-        mc = node.max_concurrency
-        pred = node.ttft_ms
-        if pred is None:
-            pred = PRIOR_TTFT_MS
-        if load >= mc and pred <= hi:
-            if mc > 0:
-                service = node.service_ms
-                if service is None:
-                    service = PRIOR_SERVICE_MS
-                pred += (load - mc + 1) * service / mc
-            else:
-                pred = _INF
-        if pred > hi:
-            continue
-        if has_exclude and node.id in exclude:
-            n_excl += 1
-            continue
-        if not node.circuit_allows(now):
-            n_circ += 1
-            continue
-        if node.health < threshold:
-            n_health += 1
-            continue
-        if mc <= 0 or load >= mc + node.max_queue:
-            n_over += 1
-            continue
-        if pred > limit:
-            n_lat += 1
-            continue
-        if pred < lo:
-            best = pred
-            lo = pred - TIE_MS
-            hi = pred + TIE_MS
-            ties = [node]
-        else:
-            ties.append(node)
-            if pred < best:
-                best = pred
-                lo = pred - TIE_MS
-                hi = pred + TIE_MS
-                drift = True
-    if drift:
-        ties = [n for n in ties if _predict(n) <= hi]
-    if ties:
-        return ties, ""
-    if not nodes:
-        return ties, _NO_NODES
-    return ties, _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
-
-
-def _scan_nearest_with_utilisation(
-    nodes: Sequence[NodeView],
-    now: float,
-    threshold: float,
-    limit: float,
-    exclude: AbstractSet[str],
-) -> tuple[list[NodeView], float, str]:
-    """As ``_scan_nearest``, also measuring the family's utilisation: (ties, U, reason)."""
     has_exclude = bool(exclude)
     n_excl = n_circ = n_health = n_over = n_lat = 0
     sum_load = 0
     sum_cap = 0
-    best = lo = hi = _INF
-    ties: list[NodeView] = []
-    drift = False
-    for node in nodes:
+    best = hi = _INF
+    kept: list[Kept] = []
+    for pos, node in enumerate(nodes):
         if has_exclude and node.id in exclude:
             n_excl += 1
             continue
@@ -474,43 +491,252 @@ def _scan_nearest_with_utilisation(
         mc = node.max_concurrency
         sum_load += load
         sum_cap += mc
-        pred = node.ttft_ms
-        if pred is None:
-            pred = PRIOR_TTFT_MS
+        if mc <= 0 or load >= mc + node.max_queue:
+            n_over += 1
+            continue
+        key = node.ttft_ms
+        if key is None:
+            key = prior
         if load >= mc:
-            if mc <= 0 or load >= mc + node.max_queue:
-                n_over += 1
-                continue
-            if pred > hi:  # the TTFT alone already loses
-                continue
             service = node.service_ms
             if service is None:
                 service = PRIOR_SERVICE_MS
-            pred += (load - mc + 1) * service / mc
-        if pred > hi:
-            continue
+            key += (load - mc + 1) * service / mc
+            if ms_per_token:
+                tokens = getattr(node, "tokens_in_flight", 0)
+                if tokens:
+                    key += tokens * (load - mc) / load * ms_per_token
+        pred = key + own_ms
         if pred > limit:
             n_lat += 1
             continue
-        if pred < lo:
+        if pred > hi and not keep_all:
+            continue
+        kept.append((key, pos, node))
+        if pred < best:
             best = pred
-            lo = pred - TIE_MS
-            hi = pred + TIE_MS
-            ties = [node]
-        else:
-            ties.append(node)
-            if pred < best:
-                best = pred
-                lo = pred - TIE_MS
-                hi = pred + TIE_MS
-                drift = True
-    if drift:
-        ties = [n for n in ties if _predict(n) <= hi]
-    if ties:
-        return ties, sum_load / sum_cap, ""
+            hi = _window(pred)
+    if kept:
+        return kept, best, sum_load / sum_cap, ""
     if not nodes:
-        return ties, _INF, _NO_NODES
-    return ties, _INF, _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
+        return kept, _INF, _INF, _NO_NODES
+    return kept, _INF, _INF, _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
+
+
+def _p2c(n: int, rng: random.Random) -> tuple[int, int]:
+    """Two distinct indices in range(n) drawn with ``rng`` (n >= 2)."""
+    i = rng.randrange(n)
+    j = rng.randrange(n - 1)
+    if j >= i:
+        j += 1
+    return i, j
+
+
+def _less_loaded(a: NodeView, b: NodeView) -> bool:
+    """Whether ``b`` is strictly less loaded than ``a`` (load per slot)."""
+    return b.load / max(b.max_concurrency, 1) < a.load / max(a.max_concurrency, 1)
+
+
+class _ScanFound:
+    """A scanned family with viable nodes."""
+
+    __slots__ = ("best", "kept", "own_ms", "util")
+
+    def __init__(self, kept: list[Kept], best: float, util: float, own_ms: float) -> None:
+        self.kept = kept
+        self.best = best
+        self.util = util
+        self.own_ms = own_ms
+
+    def choose(self, rng: random.Random, affinity_key: str | None) -> tuple[float, NodeView]:
+        own = self.own_ms
+        if affinity_key is not None:
+            picked = _affinity_pick([(k + own, n) for k, _, n in self.kept], affinity_key)
+            if picked is not None:
+                return picked
+        hi = _window(self.best)
+        near = sorted(item for item in self.kept if item[0] + own <= hi)
+        n = len(near)
+        if n == 1:
+            return near[0][0] + own, near[0][2]
+        i, j = _p2c(n, rng)
+        if _less_loaded(near[i][2], near[j][2]):
+            i = j
+        return near[i][0] + own, near[i][2]
+
+
+class _IndexFound:
+    """An indexed family with viable nodes: candidates ``ordered[a:b]`` minus ``skip``."""
+
+    __slots__ = ("a", "b", "best", "ix", "limit", "own_ms", "skip", "skip_idx", "util")
+
+    def __init__(self, ix: FamilyIndex, skip: AbstractSet[int], skip_idx: list[int], a: int, b: int,
+                 best: float, util: float, own_ms: float, limit: float) -> None:
+        self.ix = ix
+        self.skip = skip
+        self.skip_idx = skip_idx
+        self.a = a
+        self.b = b
+        self.best = best
+        self.util = util
+        self.own_ms = own_ms
+        self.limit = limit
+
+    def _at(self, r: int) -> int:
+        idx = self.a + r
+        for f in self.skip_idx:
+            if f <= idx:
+                idx += 1
+            else:
+                break
+        return idx
+
+    def choose(self, rng: random.Random, affinity_key: str | None) -> tuple[float, NodeView]:
+        ix = self.ix
+        own = self.own_ms
+        ordered = ix.ordered
+        nodes = ix.nodes
+        if affinity_key is not None:
+            viable: list[tuple[float, NodeView]] = []
+            for key, pos in ordered:
+                pred = key + own
+                if pred > self.limit:
+                    break
+                if pos not in self.skip:
+                    viable.append((pred, nodes[pos]))
+            picked = _affinity_pick(sorted_by_registry(viable, ix), affinity_key)
+            if picked is not None:
+                return picked
+        m = self.b - self.a - len(self.skip_idx)
+        if m == 1:
+            key, pos = ordered[self._at(0)]
+            return key + own, nodes[pos]
+        i, j = _p2c(m, rng)
+        ki, pi = ordered[self._at(i)]
+        kj, pj = ordered[self._at(j)]
+        if _less_loaded(nodes[pi], nodes[pj]):
+            return kj + own, nodes[pj]
+        return ki + own, nodes[pi]
+
+
+def sorted_by_registry(
+    viable: list[tuple[float, NodeView]], ix: FamilyIndex
+) -> list[tuple[float, NodeView]]:
+    """Viable (pred, node) pairs in registry order (affinity's order, as the scan keeps it)."""
+    by_id = ix.by_id
+    return sorted(viable, key=lambda item: by_id[item[1].id])
+
+
+def _indexed(
+    ix: FamilyIndex,
+    now: float,
+    threshold: float,
+    limit: float,
+    exclude: AbstractSet[str],
+    own_ms: float,
+) -> _IndexFound | str:
+    """The indexed twin of ``_scan``: a found family, or the family's rejection reason."""
+    nodes = ix.nodes
+    if not nodes:
+        return _NO_NODES
+    fail = failing_of(ix, now, threshold)
+    circuit = fail.circuit
+    n_circ = fail.n_circ
+    n_health = fail.n_health
+    fail_load = fail.load
+    fail_cap = fail.cap
+    n_excl = 0
+    extra: set[int] = set()  # excluded nodes that pass checks 2-3
+    if exclude:
+        by_id = ix.by_id
+        for node_id in exclude:
+            pos = by_id.get(node_id)
+            if pos is None:
+                continue
+            n_excl += 1
+            failed = circuit.get(pos)
+            if failed is None:
+                node = nodes[pos]
+                fail_load += node.load
+                fail_cap += node.max_concurrency
+                extra.add(pos)
+            elif failed:
+                n_circ -= 1  # check 1 comes first: it counts as excluded
+            else:
+                n_health -= 1
+    entries = ix.entries
+    ordered = ix.ordered
+    size = len(ordered)
+    a = 0
+    while a < size and (ordered[a][1] in circuit or ordered[a][1] in extra):
+        a += 1
+    best = ordered[a][0] + own_ms if a < size else _INF
+    if a >= size or best > limit:
+        in_order = len(fail.entries) + sum(1 for pos in extra if entries[pos] is not None)
+        n_over = len(nodes) - size - (len(circuit) + len(extra) - in_order)
+        n_lat = size - in_order
+        return _family_reason(n_over, n_lat, n_circ, n_health, n_excl)
+    hi = _window(best)
+    if limit < hi:
+        hi = limit
+    b = bisect_right(ordered, (hi - own_ms, _INF), a)
+    while b < size and ordered[b][0] + own_ms <= hi:
+        b += 1
+    while b > a + 1 and ordered[b - 1][0] + own_ms > hi:
+        b -= 1
+    skip_idx: list[int] = []
+    top = ordered[b - 1]
+    for entry in fail.entries:
+        if entry > top:
+            break
+        k = bisect_left(ordered, entry, a, b)
+        if a < k < b:
+            skip_idx.append(k)
+    if extra:
+        for pos in extra:
+            own_entry = entries[pos]
+            if own_entry is not None and own_entry <= top:
+                k = bisect_left(ordered, own_entry, a, b)
+                if a < k < b:
+                    skip_idx.append(k)
+        skip_idx.sort()
+    skip = circuit.keys() | extra if extra else circuit.keys()
+    util = (ix.sum_load - fail_load) / (ix.sum_cap - fail_cap)
+    return _IndexFound(ix, skip, skip_idx, a, b, best, util, own_ms, limit)
+
+
+def _affinity_score(key: str, node_id: str) -> int:
+    return zlib.crc32(f"{key}\x1f{node_id}".encode())
+
+
+def affinity_bound(sum_load: int, sum_cap: int, max_concurrency: int) -> int:
+    """The bounded-load cap of one node under affinity: ``ceil(AFFINITY_LOAD_FACTOR x
+    (sum_load + 1) x max_concurrency / sum_cap)`` (sums over the family's viable nodes)."""
+    if sum_cap <= 0:
+        return 0
+    return math.ceil(AFFINITY_LOAD_FACTOR * (sum_load + 1) * max_concurrency / sum_cap - 1e-9)
+
+
+def _affinity_pick(
+    kept: Sequence[tuple[float, NodeView]], key: str
+) -> tuple[float, NodeView] | None:
+    """Rendezvous hashing with bounded loads over the viable nodes (None: none within bound)."""
+    sum_load = 0
+    sum_cap = 0
+    for _, node in kept:
+        sum_load += node.load
+        sum_cap += node.max_concurrency
+    chosen: tuple[float, NodeView] | None = None
+    top = -1
+    for item in kept:
+        node = item[1]
+        if node.load + 1 > affinity_bound(sum_load, sum_cap, node.max_concurrency):
+            continue
+        score = _affinity_score(key, node.id)
+        if score > top:
+            top = score
+            chosen = item
+    return chosen
 
 
 def _scan_least_loaded(
@@ -518,14 +744,15 @@ def _scan_least_loaded(
     now: float,
     threshold: float,
     exclude: AbstractSet[str],
-) -> tuple[list[NodeView], float, str]:
-    """Scan a family for its least loaded viable nodes (no policy): (ties, their ratio, reason)."""
+) -> tuple[list[Kept], float, str]:
+    """Scan a family for its least loaded viable nodes (no policy): (ties sorted by (ratio,
+    position), their best ratio, reason)."""
     has_exclude = bool(exclude)
     n_excl = n_circ = n_health = n_over = 0
     best = lo = hi = _INF
-    ties: list[NodeView] = []
+    ties: list[Kept] = []
     drift = False
-    for node in nodes:
+    for pos, node in enumerate(nodes):
         load = node.load
         mc = node.max_concurrency
         ratio = load / mc if mc > 0 else _INF
@@ -547,37 +774,129 @@ def _scan_least_loaded(
             best = ratio
             lo = ratio - TIE_MS
             hi = ratio + TIE_MS
-            ties = [node]
+            ties = [(ratio, pos, node)]
         else:
-            ties.append(node)
+            ties.append((ratio, pos, node))
             if ratio < best:
                 best = ratio
                 lo = ratio - TIE_MS
                 hi = ratio + TIE_MS
                 drift = True
     if drift:
-        ties = [n for n in ties if n.load / n.max_concurrency <= hi]
+        ties = [t for t in ties if t[0] <= hi]
     if ties:
+        ties.sort(key=_ratio_pos)
         return ties, best, ""
     if not nodes:
         return ties, best, _NO_NODES
     return ties, best, _family_reason(n_over, 0, n_circ, n_health, n_excl)
 
 
-def _two_choices(ties: Sequence[NodeView], rng: random.Random) -> int:
-    """Power of two choices among tied nodes: the index of the less loaded of two sampled."""
-    n = len(ties)
-    if n == 1:
-        return 0
-    i = rng.randrange(n)
-    j = rng.randrange(n - 1)
-    if j >= i:
-        j += 1
-    a = ties[i]
-    b = ties[j]
-    if b.load / max(b.max_concurrency, 1) < a.load / max(a.max_concurrency, 1):
-        return j
-    return i
+def _ratio_pos(item: Kept) -> tuple[float, int]:
+    return item[0], item[1]
+
+
+class _RatioScan:
+    """A scanned family's least loaded viable nodes (no policy), sorted by (ratio, position)."""
+
+    __slots__ = ("ties",)
+
+    def __init__(self, ties: list[Kept]) -> None:
+        self.ties = ties
+
+    def count(self, hi: float) -> int:
+        ties = self.ties
+        n = 0
+        while n < len(ties) and ties[n][0] <= hi:
+            n += 1
+        return n
+
+    def get(self, r: int) -> NodeView:
+        return self.ties[r][2]
+
+
+class _RatioIndexed:
+    """An indexed family's least loaded viable nodes: ``by_ratio[a:]`` minus ``skip``."""
+
+    __slots__ = ("a", "ix", "skip", "skip_idx")
+
+    def __init__(self, ix: FamilyIndex, a: int, skip: AbstractSet[int]) -> None:
+        self.ix = ix
+        self.a = a
+        self.skip = skip
+        self.skip_idx: list[int] = []
+
+    def count(self, hi: float) -> int:
+        ix = self.ix
+        by_ratio = ix.by_ratio
+        a = self.a
+        b = bisect_right(by_ratio, (hi, _INF), a)
+        if b <= a:
+            return 0
+        top = by_ratio[b - 1]
+        entries = ix.ratio_entries
+        idx: list[int] = []
+        for pos in self.skip:
+            entry = entries[pos]
+            if entry is not None and entry <= top:
+                k = bisect_left(by_ratio, entry, a, b)
+                if a < k < b:
+                    idx.append(k)
+        idx.sort()
+        self.skip_idx = idx
+        return b - a - len(idx)
+
+    def get(self, r: int) -> NodeView:
+        idx = self.a + r
+        for f in self.skip_idx:
+            if f <= idx:
+                idx += 1
+            else:
+                break
+        node: NodeView = self.ix.nodes[self.ix.by_ratio[idx][1]]
+        return node
+
+
+def _indexed_least_loaded(
+    ix: FamilyIndex, now: float, threshold: float, exclude: AbstractSet[str]
+) -> tuple[_RatioIndexed | None, float, str]:
+    """The indexed twin of ``_scan_least_loaded``: (candidates, best ratio, reason)."""
+    nodes = ix.nodes
+    if not nodes:
+        return None, _INF, _NO_NODES
+    fail = failing_of(ix, now, threshold)
+    circuit = fail.circuit
+    n_circ = fail.n_circ
+    n_health = fail.n_health
+    n_excl = 0
+    extra: set[int] = set()
+    if exclude:
+        by_id = ix.by_id
+        for node_id in exclude:
+            pos = by_id.get(node_id)
+            if pos is None:
+                continue
+            n_excl += 1
+            failed = circuit.get(pos)
+            if failed is None:
+                extra.add(pos)
+            elif failed:
+                n_circ -= 1
+            else:
+                n_health -= 1
+    by_ratio = ix.by_ratio
+    size = len(by_ratio)
+    a = 0
+    while a < size and (by_ratio[a][1] in circuit or by_ratio[a][1] in extra):
+        a += 1
+    if a >= size:
+        entries = ix.ratio_entries
+        in_order = sum(1 for pos in circuit if entries[pos] is not None)
+        in_order += sum(1 for pos in extra if entries[pos] is not None)
+        n_over = len(nodes) - size - (len(circuit) + len(extra) - in_order)
+        return None, _INF, _family_reason(n_over, 0, n_circ, n_health, n_excl)
+    skip = circuit.keys() | extra if extra else circuit.keys()
+    return _RatioIndexed(ix, a, skip), by_ratio[a][0], ""
 
 
 def _saving(fleet: FleetView, family: str, next_family: str | None) -> float:
@@ -665,13 +984,17 @@ def route(
     pinned_family: str | None = None,
     exclude: AbstractSet[str] = frozenset(),
     health_threshold: float = 0.5,
+    prompt_tokens: int = 0,
+    prefix_blocks: Sequence[Hashable] = (),
 ) -> Decision | NoRoute:
     """Choose the node for one request of ``model`` under ``policy`` (see the module docs).
 
     ``now`` is the time the circuit breakers are asked about, ``rng`` the only source of
-    randomness (power-of-two-choices tie breaks), ``pinned_family`` restricts the walk to one
-    family, ``exclude`` holds the ids of nodes already tried for this request, and
-    ``health_threshold`` applies only when ``policy`` is None (a policy brings its own).
+    randomness (power-of-two-choices), ``pinned_family`` restricts the walk to one family,
+    ``exclude`` holds the ids of nodes already tried for this request, ``health_threshold``
+    applies only when ``policy`` is None (a policy brings its own), ``prompt_tokens`` is the
+    request's prompt size (see :func:`prompt_tokens_from_chars`) and ``prefix_blocks`` the ids
+    of its leading prefix blocks (used when the policy's ``affinity`` is ``"prefix"``).
     """
     if policy is None:
         return _route_without_policy(
@@ -699,41 +1022,60 @@ def route(
     else:
         limit = float(target)
     threshold = policy.health_threshold
+    affinity_key: str | None = None
+    if prefix_blocks and getattr(policy, "affinity", None) == "prefix":
+        affinity_key = str(prefix_blocks[0])
+    keep_all = affinity_key is not None
+    family_prior = getattr(fleet, "family_prior", None)
+    family_index = getattr(fleet, "family_index", None)
+    tokens = prompt_tokens if prompt_tokens > 0 else 0
     walked: list[tuple[str, int, str | None]] = []  # (family, nodes_checked, reason)
-    fallback: tuple[int, list[NodeView]] | None = None
+    fallback: tuple[int, _ScanFound | _IndexFound] | None = None
     last = len(chain) - 1
 
     for i, family in enumerate(chain):
-        nodes = fleet.nodes_for(model, family)
-        if mode == "cost":
-            ties, reason = _scan_nearest(nodes, now, threshold, limit, exclude)
+        found: _ScanFound | _IndexFound | str
+        ix = family_index(model, family) if family_index is not None else None
+        if ix is not None:
+            checked = len(ix.nodes)
+            found = _indexed(ix, now, threshold, limit, exclude, tokens * ix.ms_per_token)
         else:
-            ties, util, reason = _scan_nearest_with_utilisation(
-                nodes, now, threshold, limit, exclude
+            nodes = fleet.nodes_for(model, family)
+            checked = len(nodes)
+            prior = PRIOR_TTFT_MS
+            ms_per_token = 0.0
+            if family_prior is not None:
+                prior, tps = family_prior(family)
+                if tps:
+                    ms_per_token = 1000.0 / tps
+            own_ms = tokens * ms_per_token
+            kept, best, util, reason = _scan(
+                nodes, now, threshold, limit, exclude, prior, own_ms, ms_per_token, keep_all
             )
-        if not ties:
-            walked.append((family, len(nodes), reason))
+            found = _ScanFound(kept, best, util, own_ms) if kept else reason
+        if isinstance(found, str):
+            walked.append((family, checked, found))
             continue
         if mode != "cost":
             ceiling = HIGH_WATER
             if mode == "balanced":
                 nxt = chain[i + 1] if i < last else None
                 ceiling += BALANCED_SPAN * _saving(fleet, family, nxt)
-            if util >= ceiling - _UTIL_ROUNDING:
+            if found.util >= ceiling - _UTIL_ROUNDING:
                 if fallback is None:
-                    fallback = (len(walked), ties)
-                walked.append((family, len(nodes), _ABOVE_HIGH_WATER))
+                    fallback = (len(walked), found)
+                walked.append((family, checked, _ABOVE_HIGH_WATER))
                 continue
-        walked.append((family, len(nodes), None))
-        node = ties[_two_choices(ties, rng)]
-        return Decision(node, family, _predict(node), _trace(walked))
+        walked.append((family, checked, None))
+        pred, node = found.choose(rng, affinity_key)
+        return Decision(node, family, pred, _trace(walked))
 
     if fallback is not None:
-        index, ties = fallback
+        index, found = fallback
         family, checked, _ = walked[index]
         walked[index] = (family, checked, None)
-        node = ties[_two_choices(ties, rng)]
-        return Decision(node, family, _predict(node), _trace(walked))
+        pred, node = found.choose(rng, affinity_key)
+        return Decision(node, family, pred, _trace(walked))
 
     evaluated = _trace(walked)
     return NoRoute(
@@ -758,12 +1100,21 @@ def _route_without_policy(
     threshold: float,
 ) -> Decision | NoRoute:
     families: Sequence[str] = (pinned_family,) if pinned_family is not None else fleet.families()
-    scans: list[tuple[str, int, list[NodeView], float, str]] = []
+    family_index = getattr(fleet, "family_index", None)
+    scans: list[tuple[str, int, _RatioScan | _RatioIndexed | None, float, str]] = []
     best = _INF
     for family in families:
-        nodes = fleet.nodes_for(model, family)
-        ties, ratio, reason = _scan_least_loaded(nodes, now, threshold, exclude)
-        scans.append((family, len(nodes), ties, ratio, reason))
+        ix = family_index(model, family) if family_index is not None else None
+        found: _RatioScan | _RatioIndexed | None
+        if ix is not None:
+            found, ratio, reason = _indexed_least_loaded(ix, now, threshold, exclude)
+            checked = len(ix.nodes)
+        else:
+            nodes = fleet.nodes_for(model, family)
+            ties, ratio, reason = _scan_least_loaded(nodes, now, threshold, exclude)
+            found = _RatioScan(ties) if ties else None
+            checked = len(nodes)
+        scans.append((family, checked, found, ratio, reason))
         if ratio < best:
             best = ratio
 
@@ -777,26 +1128,36 @@ def _route_without_policy(
         )
 
     hi = best + TIE_MS
-    candidates: list[NodeView] = []
-    owners: list[str] = []
-    for family, _, ties, ratio, _ in scans:
-        if ratio == best:  # every tie of this family is within TIE_MS of the best
-            candidates += ties
-            owners += [family] * len(ties)
-        elif ratio <= hi:
-            for node in ties:
-                if node.load / node.max_concurrency <= hi:
-                    candidates.append(node)
-                    owners.append(family)
-    index = _two_choices(candidates, rng)
-    chosen = candidates[index]
-    chosen_family = owners[index]
+    parts: list[tuple[int, _RatioScan | _RatioIndexed, str]] = []
+    total = 0
+    for family, _, found, ratio, _ in scans:
+        if found is not None and ratio <= hi:
+            n = found.count(hi)
+            if n:
+                parts.append((n, found, family))
+                total += n
+
+    def pick(r: int) -> tuple[NodeView, str]:
+        for n, found, family in parts:
+            if r < n:
+                return found.get(r), family
+            r -= n
+        raise AssertionError("candidate index out of range")  # pragma: no cover
+
+    if total == 1:
+        chosen, chosen_family = pick(0)
+    else:
+        i, j = _p2c(total, rng)
+        chosen, chosen_family = pick(i)
+        other, other_family = pick(j)
+        if _less_loaded(chosen, other):
+            chosen, chosen_family = other, other_family
     trace = tuple(
         FamilyEvaluation(
             f,
             n,
-            None if f == chosen_family else (_NOT_SELECTED if ties else reason),
+            None if f == chosen_family else (_NOT_SELECTED if found is not None else reason),
         )
-        for f, n, ties, _, reason in scans
+        for f, n, found, _, reason in scans
     )
     return Decision(chosen, chosen_family, _predict(chosen), trace)

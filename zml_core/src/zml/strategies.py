@@ -26,10 +26,12 @@ that is full answers 503 and the caller's retry logic decides what happens next.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set as AbstractSet
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Protocol
+from typing import Any, Protocol
+
+from .routing import Decision, FamilyEvaluation, NoRoute
 
 __all__ = [
     "LATENCY_WINDOW",
@@ -41,6 +43,7 @@ __all__ = [
     "least_busy",
     "random_choice",
     "round_robin",
+    "route_by_strategy",
 ]
 
 LATENCY_WINDOW = 10
@@ -120,3 +123,56 @@ STRATEGIES: Mapping[str, Strategy] = MappingProxyType({
     "latency_based": latency_based,
 })
 """Every baseline strategy by name."""
+
+
+def route_by_strategy(
+    name: str,
+    model: str,
+    fleet: Any,
+    state: StrategyState,
+    rng: random.Random,
+    *,
+    pinned_family: str | None = None,
+    exclude: AbstractSet[str] = frozenset(),
+) -> Decision | NoRoute:
+    """A policy's ``strategy = NAME`` as a routing decision (used by ``Effects.reserve``).
+
+    The candidates are every node of ``fleet`` serving ``model`` (``fleet.serving(model)``,
+    registry order; only ``pinned_family``'s when one is given) except those in ``exclude``
+    (already tried for this request); the strategy picks one of them. As with the peers, the
+    chain order, latency targets, cost, health and capacity are not looked at (a full node
+    answers 503 and the attempt flow retries elsewhere). The decision's trace has the chosen
+    family only; ``predicted_ttft_ms`` is the node's observed TTFT (0 when unobserved). With no
+    candidate the result is a ``NoRoute`` (``no_viable_node``) whose trace lists every family
+    of the fleet with ``no_nodes_for_model`` or ``excluded_after_failure``.
+    """
+    choose = STRATEGIES[name]
+    families: Sequence[str] = (
+        (pinned_family,) if pinned_family is not None else fleet.families()
+    )
+    pool: Sequence[Any]
+    if pinned_family is not None:
+        pool = fleet.nodes_for(model, pinned_family)
+    else:
+        pool = fleet.serving(model)
+    candidates = [n for n in pool if n.id not in exclude] if exclude else list(pool)
+    if not candidates:
+        evaluated = tuple(
+            FamilyEvaluation(
+                f,
+                len(fleet.nodes_for(model, f)),
+                "excluded_after_failure" if fleet.nodes_for(model, f) else "no_nodes_for_model",
+            )
+            for f in families
+        )
+        hint = (
+            "every candidate node failed for this request; see the attempts"
+            if pool
+            else f"register nodes serving {model} in the fleet's families"
+        )
+        return NoRoute(name, evaluated, "no_viable_node", hint)
+    node = candidates[choose(candidates, state, rng)]
+    family = node.family
+    predicted = node.ttft_ms if node.ttft_ms is not None else 0.0
+    checked = len(fleet.nodes_for(model, family))
+    return Decision(node, family, predicted, (FamilyEvaluation(family, checked, None),))

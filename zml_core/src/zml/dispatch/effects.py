@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import routing
 from ..fleet import Fleet
+from ..prefix import blocks_of_body
+from ..strategies import route_by_strategy
 from .ops import (
     Behind,
     Dequeue,
@@ -92,22 +94,42 @@ class Effects:
         raise TypeError(f"{kind.__name__} is carried out by the driver, not by Effects")
 
     def reserve(self, op: Reserve) -> Reserved | Behind | routing.NoRoute:
-        """Route and reserve in one critical section (see :class:`~.ops.Reserve`)."""
+        """Route and reserve in one critical section (see :class:`~.ops.Reserve`).
+
+        The request's size (``prompt_chars`` -> tokens) and, under ``affinity = "prefix"``,
+        its prefix blocks go to routing; a policy's ``strategy`` routes with that baseline
+        strategy of :mod:`zml.strategies` instead.
+        """
         req = op.request
         fleet = self.fleet
+        policy = req.policy
+        strategy = policy.strategy if policy is not None else None
+        tokens = routing.prompt_tokens_from_chars(req.prompt_chars)
+        blocks = req.prefix_blocks
+        if not blocks and policy is not None and policy.affinity == "prefix":
+            blocks = blocks_of_body(req.body)  # outside the lock: it hashes the prompt
         with fleet.lock:
             fleet.refresh(op.now)
             t0 = time.perf_counter()
-            decision = routing.route(
-                req.policy,
-                req.model,
-                fleet,
-                now=op.now,
-                rng=self.rng,
-                pinned_family=req.accelerator,
-                exclude=op.exclude,
-                health_threshold=req.health_threshold,
-            )
+            decision: routing.Decision | routing.NoRoute
+            if strategy is not None:
+                decision = route_by_strategy(
+                    strategy, req.model, fleet, fleet.strategy_state(strategy), self.rng,
+                    pinned_family=req.accelerator, exclude=op.exclude,
+                )
+            else:
+                decision = routing.route(
+                    policy,
+                    req.model,
+                    fleet,
+                    now=op.now,
+                    rng=self.rng,
+                    pinned_family=req.accelerator,
+                    exclude=op.exclude,
+                    health_threshold=req.health_threshold,
+                    prompt_tokens=tokens,
+                    prefix_blocks=blocks,
+                )
             decision_us = (time.perf_counter() - t0) * 1e6
             ticket = op.ticket
             if ticket is not None and self.queues.ahead(ticket):
@@ -116,7 +138,7 @@ class Effects:
                 return decision
             node = decision.node
             assert hasattr(node, "fleet")
-            reservation = fleet.reserve(node, op.now)  # type: ignore[arg-type]
+            reservation = fleet.reserve(node, op.now, tokens)  # type: ignore[arg-type]
             return Reserved(decision, reservation, decision_us)
 
     def notify(self, hook: str, view: CallView, kwargs: Mapping[str, Any]) -> Any:

@@ -8,7 +8,7 @@ a Request validates every argument, so nothing invalid is ever sent.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -77,6 +77,8 @@ class Request:
         timeouts: the request's timeouts.
         started_at: when it was built (the dispatcher's clock, seconds).
         prompt_chars: the length of the messages' text content (a size hint for routing).
+        prefix_blocks: ids of the prompt's leading prefix blocks, for ``affinity = "prefix"``
+            (a replayed trace's ids; empty: computed from the body by :mod:`zml.prefix`).
     """
 
     model: str
@@ -88,6 +90,7 @@ class Request:
     timeouts: Timeouts
     started_at: float
     prompt_chars: int = 0
+    prefix_blocks: tuple[Hashable, ...] = ()
 
     @property
     def deadline(self) -> float | None:
