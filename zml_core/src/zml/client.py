@@ -13,6 +13,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -286,6 +287,15 @@ def _completion(data: dict[str, Any], routing: RoutingInfo, node_id: str) -> Cha
         ) from None
 
 
+def _check_interval(interval_s: object) -> None:
+    if isinstance(interval_s, bool) or not isinstance(interval_s, int | float) \
+            or not math.isfinite(interval_s) or interval_s <= 0:
+        raise InvalidRequestError(
+            f"probe_interval_s must be a positive number of seconds or None, got {interval_s!r}",
+            param="probe_interval_s",
+        )
+
+
 def _finish(call: Call, step: Step, data: dict[str, Any]) -> ChatCompletion:
     """The answered call's ChatCompletion; the call ends here, one way or the other."""
     try:
@@ -311,6 +321,9 @@ class Client(_BaseClient):
         http_client: an ``httpx2.Client`` to send with (its transport, proxies, TLS settings).
         fleet: another client's ``.fleet``, to share its registry and capacity accounting on
             purpose (then pass no ``config``).
+        probe_interval_s: from the first request on, probe every node's ``/health`` and
+            ``/metrics`` this often from a daemon thread, so that load reported by the nodes
+            (from every client) and liveness feed routing. None: no probing.
 
     Raises:
         PolicyConfigError: the configuration or one of its policies is invalid.
@@ -325,33 +338,47 @@ class Client(_BaseClient):
         max_attempts: int = MAX_ATTEMPTS,
         http_client: httpx2.Client | None = None,
         fleet: Fleet | None = None,
+        probe_interval_s: float | None = 2.0,
     ) -> None:
         super().__init__(api_key, config, timeout, max_attempts, fleet)
+        if probe_interval_s is not None:
+            _check_interval(probe_interval_s)
         self._own_http = http_client is None
         self._http = http_client or sync_http_client(_LIMITS)
         self._probe_stop: threading.Event | None = None
+        self._probe_interval_s = probe_interval_s
 
     def start_probing(self, interval_s: float = 2.0) -> None:
-        """Probe every node's ``/health`` and ``/metrics`` every ``interval_s`` seconds from a
-        daemon thread, so node-reported load and liveness feed routing (``AsyncClient`` does
-        this by default). Stopped by ``close()``."""
+        """Probe every node's ``/health`` and ``/metrics`` every ``interval_s`` seconds (the
+        first time ``interval_s`` from now) from a daemon thread, with this client's HTTP
+        client, so node-reported load and liveness feed routing. The client does this
+        from its first request unless built with ``probe_interval_s=None``; call it to start
+        earlier. Stopped by ``close()`` (or when the client is garbage-collected)."""
+        _check_interval(interval_s)
         if self._probe_stop is not None:
             return
         stop = self._probe_stop = threading.Event()
         from .probe import Prober
 
-        prober = Prober(self.fleet, interval_s)
+        fleet = weakref.ref(self.fleet)
+        http = self._http  # the client's own transport, proxies and TLS settings
 
         def run() -> None:
-            with httpx2.Client() as http:
-                while not stop.is_set():
-                    try:
-                        prober.probe_all(http)
-                    except Exception as exc:  # one bad answer must not end the probing
-                        logging.getLogger("zml.probe").warning("zml prober: %s", exc)
-                    stop.wait(interval_s)
+            while not stop.wait(interval_s):
+                live = fleet()
+                if live is None:  # the client (and its fleet) are gone
+                    return
+                try:
+                    Prober(live, interval_s).probe_all(http)
+                except Exception as exc:  # one bad answer must not end the probing
+                    logging.getLogger("zml.probe").warning("zml prober: %s", exc)
+                del live
 
         threading.Thread(target=run, name="zml-prober", daemon=True).start()
+
+    def _probe_on_first_use(self) -> None:
+        if self._probe_stop is None and self._probe_interval_s is not None:
+            self.start_probing(self._probe_interval_s)
 
     def infer(
         self,
@@ -385,6 +412,7 @@ class Client(_BaseClient):
             InvalidRequestError: a bad argument. NodeError subclasses: the node failed.
         """
         call = self._call(model, messages, policy, accelerator, params, False, metadata, timeout)
+        self._probe_on_first_use()
         step, data = drive(call, self._wait, lambda step: self._post(call, step))
         return _finish(call, step, data)
 
@@ -405,6 +433,7 @@ class Client(_BaseClient):
         Leaving the loop early or calling ``close()`` cancels the request on the node.
         """
         call = self._call(model, messages, policy, accelerator, params, True, metadata, timeout)
+        self._probe_on_first_use()
         from .streaming import Stream
 
         return Stream(call, self._http, self._wait)

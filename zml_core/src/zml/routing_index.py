@@ -67,17 +67,17 @@ class Failing:
     def __init__(self, threshold: float, version: int, since: float, until: float,
                  circuit: dict[int, bool], load: int, cap: int, n_circ: int, n_health: int,
                  entries: list[tuple[float, int]]) -> None:
-        self.threshold = threshold
-        self.version = version
-        self.since = since
-        self.until = until
-        self.circuit = circuit
+        self.threshold: float = threshold
+        self.version: int = version
+        self.since: float = since
+        self.until: float = until
+        self.circuit: dict[int, bool] = circuit
         """Failing position -> True when it fails the circuit check, False for health."""
-        self.load = load
-        self.cap = cap
-        self.n_circ = n_circ
-        self.n_health = n_health
-        self.entries = entries
+        self.load: int = load
+        self.cap: int = cap
+        self.n_circ: int = n_circ
+        self.n_health: int = n_health
+        self.entries: list[tuple[float, int]] = entries
         """The failing nodes' entries in ``ordered``, sorted."""
 
 
@@ -138,27 +138,28 @@ class FamilyIndex:
         "version",
     )
 
-    def __init__(self, nodes: Sequence[Any], prior: float, prefill_tokens_per_s: float | None):
-        self.nodes = list(nodes)
+    def __init__(self, nodes: Sequence[Any], prior: float,
+                 prefill_tokens_per_s: float | None) -> None:
+        self.nodes: list[Any] = list(nodes)
         """Every node, in registry order (a node's ``pos`` is its index here)."""
-        self.by_id = {n.id: i for i, n in enumerate(self.nodes)}
-        self.prior = prior
-        self.ms_per_token = 1000.0 / prefill_tokens_per_s if prefill_tokens_per_s else 0.0
+        self.by_id: dict[str, int] = {n.id: i for i, n in enumerate(self.nodes)}
+        self.prior: float = prior
+        self.ms_per_token: float = 1000.0 / prefill_tokens_per_s if prefill_tokens_per_s else 0.0
         self.ordered: list[tuple[float, int]] = []
         self.entries: list[tuple[float, int] | None] = [None] * len(self.nodes)
         self.by_ratio: list[tuple[float, int]] = []
         """``(load / max_concurrency, pos)`` of the nodes with room, sorted (calls without a
         policy choose the least loaded)."""
         self.ratio_entries: list[tuple[float, int] | None] = [None] * len(self.nodes)
-        self.loads = [0] * len(self.nodes)
+        self.loads: list[int] = [0] * len(self.nodes)
         self.suspects: set[int] = set()
-        self.version = 0
+        self.version: int = 0
         """Bumped whenever a suspect node changes (what ``failing`` was computed from)."""
         self.failing: Failing | None = None
         """A pure cache, written by routing: which suspects fail checks 2-3, valid for one
         health threshold, one ``version`` and a span of ``now`` (see :class:`Failing`)."""
-        self.sum_load = 0
-        self.sum_cap = sum(n.max_concurrency for n in self.nodes)
+        self.sum_load: int = 0
+        self.sum_cap: int = sum(n.max_concurrency for n in self.nodes)
         for pos in range(len(self.nodes)):
             self.update(pos)
 

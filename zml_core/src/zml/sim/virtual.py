@@ -76,7 +76,7 @@ class VirtualClock:
     __slots__ = ("now",)
 
     def __init__(self, now: float = 0.0) -> None:
-        self.now = now
+        self.now: float = now
 
     def __call__(self) -> float:
         return self.now
