@@ -162,6 +162,19 @@ class _Attempt:
                 return
             out.append(chunk)
 
+    def feed(self, data: bytes | None, ready: list[ChatCompletionChunk],
+             clock: Callable[[], float]) -> bool:
+        """One read while waiting for the first token (``data`` None: the body ended).
+        Returns whether to keep reading: False once the stream opened or ended."""
+        if data is None:
+            self.ended_early()
+            return False
+        self.take(data, ready)
+        if self.opened():
+            return False
+        self.check_opening(clock())
+        return True
+
     def opened(self) -> bool:
         """Whether opening is over: progress (or the whole answer) arrived."""
         return self.decoder.progressed or self.decoder.done
@@ -217,14 +230,8 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]
             op.started(request, response)
             op.body = body = response.iter_bytes()
             ready: list[ChatCompletionChunk] = []
-            while not op.opened():
-                data = next(body, None)
-                if data is None:
-                    op.ended_early()
-                    break
-                op.take(data, ready)
-                if not op.opened():
-                    op.check_opening(clock())
+            while op.feed(next(body, None), ready, clock):
+                pass
             return op, ready
         except BaseException as exc:
             if op.response is not None:
@@ -263,14 +270,8 @@ async def _open_async(call: Call, http: httpx2.AsyncClient,
             if until is not None:
                 watch.arm(until - clock())
             ready: list[ChatCompletionChunk] = []
-            while not op.opened():
-                data = await _read(body, watch)
-                if data is None:
-                    op.ended_early()
-                    break
-                op.take(data, ready)
-                if not op.opened():
-                    op.check_opening(clock())
+            while op.feed(await _read(body, watch), ready, clock):
+                pass
             return op, ready
         except BaseException as exc:
             watch.disarm()
@@ -574,19 +575,9 @@ class AsyncStream(_Base):
         try:
             body = op.body
             while not op.decoder.done:
-                if watch.expired:
-                    raise _Expired
-                watch.reader = asyncio.current_task()
-                try:
-                    data = await body.__anext__()
-                except StopAsyncIteration:
+                data = await _read(body, watch)
+                if data is None:
                     break
-                except asyncio.CancelledError as exc:
-                    if watch.own(exc):
-                        raise _Expired from None
-                    raise
-                finally:
-                    watch.reader = None
                 chunk = self._take(data)
                 if chunk is not None:
                     return chunk

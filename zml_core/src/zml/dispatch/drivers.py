@@ -13,8 +13,9 @@ its :class:`~.record.Record`, and the endings a stream needs after the flow has 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..errors import NodeError, ZMLTimeoutError
@@ -176,26 +177,19 @@ def drive(call: Call, wait: Callable[[Wait], None], send: Callable[[Step], _T]) 
     Returns the step that answered and its result; on any exception the call is ended.
     """
     flow = call.flow()
-    try:
+    with _ending(call):
         op, value = call.advance(flow, None)
         while op is not None:
-            result: object
             if isinstance(op, Wait):
                 wait(op)
-                result = None
+                value = None
             elif isinstance(op, Lease):
                 lid = call.lease_id()
-                result = _granted(op, lid, _ledger(call).acquire(op.step.node, lid))
+                value = _granted(op, lid, _ledger(call).acquire(op.step.node, lid))
             else:
-                try:
-                    result = send(op.step)
-                except NodeError as exc:
-                    result = exc
-            op, value = call.advance(flow, result)
+                value = _outcome(send, op.step)
+            op, value = call.advance(flow, value)
         return cast("tuple[Step, _T]", value)
-    except BaseException as exc:
-        call.ended(exc)
-        raise
 
 
 async def adrive(
@@ -203,14 +197,11 @@ async def adrive(
 ) -> tuple[Step, _T]:
     """:func:`drive` for the async client: the same flow, awaiting each I/O operation."""
     flow = call.flow()
-    try:
+    with _ending(call):
         op, value = call.advance(flow, None)
         while op is not None:
             if isinstance(op, Send):
-                try:
-                    value = await send(op.step)
-                except NodeError as exc:
-                    value = exc
+                value = await _aoutcome(send, op.step)
             elif isinstance(op, Lease):
                 lid = call.lease_id()
                 value = _granted(op, lid, await _ledger(call).aacquire(op.step.node, lid))
@@ -219,9 +210,31 @@ async def adrive(
                 value = None
             op, value = call.advance(flow, value)
         return cast("tuple[Step, _T]", value)
+
+
+@contextlib.contextmanager
+def _ending(call: Call) -> Iterator[None]:
+    """End ``call`` (slot, queue place, one notification) when its driver raises anything:
+    the flow's own errors, a cancellation, an exception in the caller's code."""
+    try:
+        yield
     except BaseException as exc:
         call.ended(exc)
         raise
+
+
+def _outcome(send: Callable[[Step], _T], step: Step) -> _T | NodeError:
+    try:
+        return send(step)
+    except NodeError as exc:
+        return exc
+
+
+async def _aoutcome(send: Callable[[Step], Awaitable[_T]], step: Step) -> _T | NodeError:
+    try:
+        return await send(step)
+    except NodeError as exc:
+        return exc
 
 
 def _ledger(call: Call) -> Any:
