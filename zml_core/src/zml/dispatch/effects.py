@@ -13,10 +13,10 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Generator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import routing
-from ..fleet import Fleet
+from ..fleet import Fleet, NodeState
 from ..prefix import blocks_of_body
 from ..strategies import route_by_strategy
 from .ops import (
@@ -136,9 +136,8 @@ class Effects:
                 return Behind(tuple(e.as_dict() for e in decision.evaluated))
             if isinstance(decision, routing.NoRoute):
                 return decision
-            node = decision.node
-            assert hasattr(node, "fleet")
-            reservation = fleet.reserve(node, op.now, tokens)  # type: ignore[arg-type]
+            node = cast("NodeState", decision.node)  # this fleet's own node
+            reservation = fleet.reserve(node, op.now, tokens)
             return Reserved(decision, reservation, decision_us)
 
     def notify(self, hook: str, view: CallView, kwargs: Mapping[str, Any]) -> Any:
