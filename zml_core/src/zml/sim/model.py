@@ -45,15 +45,14 @@ is no preemption (KV is reserved up front), and one prefill runs at a time.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import math
-import re
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
+from zml.prefix import BLOCK_TOKENS, prompt_blocks
 from zml.sim.profiles import FamilyProfile
 
 __all__ = [
@@ -65,14 +64,11 @@ __all__ = [
     "prompt_blocks",
 ]
 
-BLOCK_TOKENS = 512
-"""Tokens per prefix-cache block (vLLM's and Mooncake's block hashes use 512)."""
 
 Admission = Literal["queued", "running", "queue_full", "exceeds_kv_cache"]
 
 _INF = math.inf
 _WAITING, _TRANSIT, _PREFILL, _DECODE, _DONE = range(5)
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,35 +109,6 @@ class _Seq:
         self.cached = 0
         self.threshold = 0.0
         self.start_d = 0.0
-
-
-def prompt_blocks(messages: Iterable[Mapping[str, Any]]) -> tuple[str, ...]:
-    """Prefix-block ids of a live chat prompt (the rule the live simulated node uses).
-
-    The prompt is rendered as ``role + "\\n" + text + "\\n"`` per message, cut into tokens by
-    the simulated node's token rule (a run of word characters or one other non-space
-    character), and grouped into full blocks of 512 tokens. A block's id is a BLAKE2b digest
-    of the previous block's id and its own tokens, so equal ids mean an equal prompt up to and
-    including that block (vLLM hashes its blocks the same chained way).
-    """
-    tokens: list[str] = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            content = " ".join(p.get("text", "") for p in content
-                               if isinstance(p, Mapping) and isinstance(p.get("text"), str))
-        elif not isinstance(content, str):
-            content = ""
-        tokens.append(str(message.get("role", "")))
-        tokens += _TOKEN_RE.findall(content)
-    ids: list[str] = []
-    previous = b""
-    for start in range(0, len(tokens) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
-        digest = hashlib.blake2b(previous + "\x1f".join(tokens[start:start + BLOCK_TOKENS]).encode(),
-                                 digest_size=12)
-        previous = digest.digest()
-        ids.append(digest.hexdigest())
-    return tuple(ids)
 
 
 class NodeModel:
