@@ -182,8 +182,12 @@ def test_node_killed_mid_run(sim_fleet: Any) -> None:
     served = {n: sum(r.routing.node_id == n for r in results) for n in ("h100-a", "h100-b", "mi-a")}
     assert served["h100-a"] >= 1 and served["h100-b"] >= 1
     assert sum(served.values()) == total
-    # no request was served twice, and none was lost
-    assert sum(settled(setup.node(n)).completed_total for n in served) == total
+    # none was lost, and the surviving nodes did each request once; the killed node may have
+    # finished an answer that the kill then cut off (the client saw no token and failed over)
+    assert settled(setup.node("h100-b")).completed_total == served["h100-b"]
+    assert settled(setup.node("mi-a")).completed_total == served["mi-a"]
+    extra = settled(setup.node("h100-a")).completed_total - served["h100-a"]
+    assert 0 <= extra <= len(failed_on_a)
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
