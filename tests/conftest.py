@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,3 +146,31 @@ SEED_POLICIES = {
 def seed_fleet(sim_fleet: Callable[..., SimSetup]) -> SimSetup:
     """The fleet of the 0.3 release post: H100, MI300X and H100_PCIe, and llama3-production."""
     return sim_fleet(SEED_NODES, SEED_POLICIES, SEED_FAMILIES)
+
+
+class LoadPeaks:
+    """Polls each simulated node's running + waiting requests (the load the node took on):
+    ``with LoadPeaks(fleet.nodes) as peaks: ...`` then ``peaks.peaks[node_id]``."""
+
+    def __init__(self, nodes: Mapping[str, Any]) -> None:
+        self.nodes = dict(nodes)
+        self.peaks = dict.fromkeys(self.nodes, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            for node_id, node in self.nodes.items():
+                stats = node.stats
+                self.peaks[node_id] = max(self.peaks[node_id], stats.running + stats.waiting)
+            time.sleep(0.002)
+
+    def __enter__(self) -> LoadPeaks:
+        for node in self.nodes.values():
+            node.reset_peak()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -14,17 +14,14 @@ import asyncio
 import os
 import subprocess
 import sys
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx2
 import pytest
 
-from tests.conftest import MODEL, SimSetup
+from tests.conftest import MODEL, LoadPeaks, SimSetup
 from tests.plugins.redis.conftest import RedisServer, _binary
 
 from .test_cli import free_port, stop, wait_ready
@@ -43,33 +40,6 @@ def redis_server() -> Iterator[RedisServer]:
     server = RedisServer(_binary()).start()
     yield server
     server.stop()
-
-
-class LoadPeaks:
-    """Polls each simulated node's running + waiting requests."""
-
-    def __init__(self, nodes: dict[str, Any]) -> None:
-        self.nodes = nodes
-        self.peaks = dict.fromkeys(nodes, 0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            for node_id, node in self.nodes.items():
-                s = node.stats
-                self.peaks[node_id] = max(self.peaks[node_id], s.running + s.waiting)
-            time.sleep(0.002)
-
-    def __enter__(self) -> LoadPeaks:
-        for node in self.nodes.values():
-            node.reset_peak()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def replica_env(**extra: str) -> dict[str, str]:

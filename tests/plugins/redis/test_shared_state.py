@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -20,7 +19,7 @@ from zml_redis import RedisLedger
 from zml_redis.settings import Settings
 
 import zml
-from tests.conftest import MODEL
+from tests.conftest import MODEL, LoadPeaks
 from zml.fleet import CIRCUIT_FAILURES
 from zml.sim import FaultSpec
 
@@ -185,33 +184,6 @@ def _ready(proc: subprocess.Popen[str]) -> dict[str, Any]:
         raise AssertionError(f"replica died: {proc.communicate(timeout=10)[1]}")
     ready: dict[str, Any] = json.loads(line)
     return ready
-
-
-class LoadPeaks:
-    """Polls each simulated node's running + waiting requests (the load the node took on)."""
-
-    def __init__(self, nodes: dict[str, Any]) -> None:
-        self.nodes = nodes
-        self.peaks = dict.fromkeys(nodes, 0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            for node_id, node in self.nodes.items():
-                stats = node.stats
-                self.peaks[node_id] = max(self.peaks[node_id], stats.running + stats.waiting)
-            time.sleep(0.005)
-
-    def __enter__(self) -> LoadPeaks:
-        for node in self.nodes.values():
-            node.reset_peak()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def _burst(setup: Any, env: dict[str, str]) -> tuple[dict[str, int], dict[str, int], list[str],
