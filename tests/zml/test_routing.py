@@ -590,21 +590,44 @@ def test_prompt_size_adds_prefill_at_the_familys_throughput() -> None:
     assert routing.prompt_tokens_from_chars(5) == 2
 
 
-def test_queued_prefill_ahead_counts_the_waiting_share_of_tokens_in_flight() -> None:
+def test_prefill_ahead_counts_whether_or_not_the_slots_are_taken() -> None:
     class Priors(Fleet):
         def family_prior(self, family: str) -> tuple[float, float | None]:
             return 10.0, 1000.0
 
     @dataclass
     class Busy(Node):
-        tokens_in_flight: int = 0
+        prefill_tokens: int = 0
 
     policy = Policy(accelerator_chain=("H100",), latency_target_ms=None)
-    node = Busy("a", max_concurrency=2, max_queue=4, load=4, ttft_ms=None, service_ms=1000.0,
-                tokens_in_flight=4000)
-    pred = decision(policy, Priors([node]), prompt_tokens=100).predicted_ttft_ms
-    # 10 + 100 own tokens + (4 - 2 + 1) * 1000 / 2 + 4000 * (4 - 2) / 4 tokens waiting
-    assert pred == pytest.approx(10.0 + 100.0 + 1500.0 + 2000.0)
+    full = Busy("a", max_concurrency=2, max_queue=4, load=4, ttft_ms=None, service_ms=1000.0,
+                prefill_tokens=4000)
+    pred = decision(policy, Priors([full]), prompt_tokens=100).predicted_ttft_ms
+    # 10 + 100 own tokens + 4000 tokens still to prefill + (4 - 2 + 1) * 1000 / 2 for the slots
+    assert pred == pytest.approx(10.0 + 100.0 + 4000.0 + 1500.0)
+    free = Busy("b", max_concurrency=8, max_queue=0, load=2, ttft_ms=30.0, prefill_tokens=600)
+    got = decision(policy, Priors([free]), prompt_tokens=100)
+    # a free slot, but the node's prefill lane still holds 600 tokens ahead of this request
+    assert got.predicted_ttft_ms == pytest.approx(30.0 + 100.0 + 600.0)
+    assert got.base_ttft_ms == 30.0
+
+
+def test_a_node_prefilling_long_prompts_loses_to_an_idle_one() -> None:
+    class Priors(Fleet):
+        def family_prior(self, family: str) -> tuple[float, float | None]:
+            return 10.0, 10_000.0
+
+    @dataclass
+    class Busy(Node):
+        prefill_tokens: int = 0
+
+    policy = Policy(accelerator_chain=("H100",), latency_target_ms=500)
+    busy = Busy("busy", max_concurrency=32, load=1, ttft_ms=10.0, prefill_tokens=12_000)
+    idle = Busy("idle", max_concurrency=32, load=0, ttft_ms=10.0)
+    for seed in range(20):
+        got = route(policy, MODEL, Priors([busy, idle]), now=NOW, rng=random.Random(seed),
+                    prompt_tokens=200)
+        assert isinstance(got, Decision) and got.node is idle
 
 
 def test_an_unobserved_node_is_explored_with_an_optimistic_prior() -> None:

@@ -179,6 +179,39 @@ def test_fleet_counts_prompt_tokens_in_flight(tmp_path: typing.Any) -> None:
     assert node.tokens_in_flight == 0
 
 
+def test_prefill_tokens_count_until_the_first_token(tmp_path: typing.Any) -> None:
+    fleet = _fleet(tmp_path, NODES)
+    node = fleet.node("h1")
+    with fleet.lock:
+        a = fleet.reserve(node, 0.0, 300)
+        b = fleet.reserve(node, 0.0, 200)
+        c = fleet.reserve(node, 0.0, 0)
+    assert node.prefill_tokens == 500
+    fleet.first_token(a)
+    fleet.first_token(a)  # once only
+    fleet.first_token(c)  # no prompt size: nothing to take back
+    assert node.prefill_tokens == 200 and node.tokens_in_flight == 500
+    fleet.release(a)  # after its first token: only tokens_in_flight goes down
+    assert node.prefill_tokens == 200 and node.tokens_in_flight == 200
+    fleet.release(b)  # failed before its first token
+    fleet.release(c)
+    assert node.prefill_tokens == 0 and node.tokens_in_flight == 0
+
+
+def test_the_learned_base_is_the_observed_ttft_less_what_routing_explained(
+    tmp_path: typing.Any,
+) -> None:
+    fleet = _fleet(tmp_path, NODES)
+    node = fleet.node("h1")
+    fleet.record_success(node, 0.0, 0.300, 1.0, explained_ms=250.0)
+    assert node.observed_ttft_ms == pytest.approx(300.0)
+    assert node.ttft_ms == pytest.approx(50.0)
+    assert node.latency_ms == pytest.approx(300.0)  # what latency_based reads: as observed
+    fleet.record_success(node, 1.0, 0.100, 1.0, explained_ms=400.0)  # faster than predicted
+    assert node.ttft_ms == pytest.approx(50.0 * 0.8)  # never below zero: the sample is 0
+    assert {n["id"]: n for n in fleet.status(1.0)}["h1"]["base_ttft_ms"] == pytest.approx(40.0)
+
+
 @pytest.mark.parametrize("name", ["round_robin", "random", "least_busy", "latency_based"])
 def test_strategy_as_a_policy_field_ignores_the_chain(tmp_path: typing.Any, name: str) -> None:
     fleet = _fleet(tmp_path, NODES)

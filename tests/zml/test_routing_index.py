@@ -70,8 +70,8 @@ class P(typing.NamedTuple):
 nodes_st = st.lists(st.tuples(st.integers(0, 2), st.integers(1, 3), st.integers(0, 2)),
                     min_size=1, max_size=14)
 ops_st = st.lists(
-    st.tuples(st.sampled_from(["reserve", "release", "ok", "fail", "probe", "sick", "refuse",
-                               "tick"]),
+    st.tuples(st.sampled_from(["reserve", "release", "first", "ok", "fail", "probe", "sick",
+                               "refuse", "tick"]),
               st.integers(0, 13), st.integers(0, 4000), st.sampled_from([5.0, 20.0, 80.0, 300.0])),
     max_size=40,
 )
@@ -140,6 +140,8 @@ def test_indexed_decisions_equal_the_scan(
                     held.append(fleet.reserve(node, now, tokens))
             elif op == "release" and held:
                 fleet.release(held.pop(k % len(held)))
+            elif op == "first" and held:
+                fleet.first_token(held[k % len(held)])
             elif op == "ok":
                 fleet.record_success(node, now, ms / 1000.0, ms * 5 / 1000.0)
             elif op == "fail":

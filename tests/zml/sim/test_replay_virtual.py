@@ -44,7 +44,14 @@ def test_successes_update_the_production_fleet_as_a_live_call_would():
     assert [o.node for o in result.outcomes] == ["a100-0"] * 4  # first in the chain, idle
     assert a100.in_flight == 0 and a100.health == 1.0
     ttfts = [o.ttft_s for o in result.outcomes]
-    assert a100.ttft_ms is not None and min(ttfts) * 1e3 <= a100.ttft_ms <= max(ttfts) * 1e3
+    observed = a100.observed_ttft_ms
+    assert observed is not None and min(ttfts) * 1e3 <= observed <= max(ttfts) * 1e3
+    # The base routing learns is the observed TTFT less the prefill it predicted: on an idle
+    # node model that is the profile's fixed part, ttft_ms.
+    prior_ttft, prefill_tps = fleet.family_prior("A100")
+    assert prefill_tps is not None
+    assert a100.ttft_ms == pytest.approx(observed - 500 / prefill_tps * 1e3)
+    assert a100.ttft_ms == pytest.approx(prior_ttft, abs=1.0)
 
 
 def test_the_cost_is_the_default_cost_plugins_attribution():

@@ -103,7 +103,9 @@ class NodeState:
         "max_concurrency",
         "max_queue",
         "models",
+        "observed_ttft_ms",
         "open_until",
+        "prefill_tokens",
         "reported_at",
         "reported_load",
         "service_ms",
@@ -115,6 +117,9 @@ class NodeState:
 
     tokens_in_flight: int
     """Prompt tokens of this client's requests in flight on the node (set by the Fleet)."""
+    prefill_tokens: int
+    """Prompt tokens of this client's requests on the node that have no first token yet: the
+    prefill ahead of a new request (set by the Fleet; see :meth:`Fleet.first_token`)."""
 
     def __init__(self, config: NodeConfig, fleet: Fleet) -> None:
         self.config: NodeConfig = config
@@ -137,6 +142,9 @@ class NodeState:
         self.health: float = 1.0
         self.health_at: float = 0.0
         self.ttft_ms: float | None = None
+        """Base TTFT routing predicts from: EWMA of observed TTFT less its explained part."""
+        self.observed_ttft_ms: float | None = None
+        """EWMA of the observed TTFT, as calls saw it."""
         self.service_ms: float | None = None
         self.consecutive_failures: int = 0
         self.open_until: float | None = None
@@ -157,7 +165,7 @@ class NodeState:
     @property
     def latency_ms(self) -> float | None:
         """The observed TTFT (EWMA) as ``zml.strategies.Candidate`` reads it."""
-        return self.ttft_ms
+        return self.observed_ttft_ms
 
     @property
     def circuit_state(self) -> str:
@@ -185,6 +193,8 @@ class Reservation:
     lease_id: str | None = None
     prompt_tokens: int = 0
     """The request's prompt size, counted in the node's ``tokens_in_flight`` while held."""
+    prefilling: bool = False
+    """True until the attempt's first token: ``prompt_tokens`` count in ``prefill_tokens``."""
 
 
 def report_load(node: NodeState, now: float, reported_load: int) -> None:
@@ -208,6 +218,7 @@ class Fleet:
         for cfg in registry.nodes:
             state = NodeState(cfg, self)
             state.tokens_in_flight = 0  # prompt tokens of this client's requests in flight
+            state.prefill_tokens = 0  # ... of those still waiting for their first token
             self._nodes[cfg.id] = state
             for model in cfg.models:
                 self._index.setdefault((model, cfg.family), []).append(state)
@@ -345,7 +356,9 @@ class Fleet:
                     "max_queue": n.max_queue,
                     "health": round(n.health, 3),
                     "circuit": n.circuit_state,
-                    "ttft_ms": None if n.ttft_ms is None else round(n.ttft_ms, 1),
+                    "ttft_ms": None if n.observed_ttft_ms is None
+                    else round(n.observed_ttft_ms, 1),
+                    "base_ttft_ms": None if n.ttft_ms is None else round(n.ttft_ms, 1),
                     "service_ms": None if n.service_ms is None else round(n.service_ms, 1),
                 }
                 for n in self._nodes.values()
@@ -381,11 +394,24 @@ class Fleet:
         node._update_load()
         tokens = prompt_tokens if prompt_tokens > 0 else 0
         node.tokens_in_flight += tokens
+        node.prefill_tokens += tokens
         trial = node.open_until is not None and now >= node.open_until
         if trial:
             node.trial_in_flight = True
         self._touch(node)
-        return Reservation(node, now, trial, prompt_tokens=tokens)
+        return Reservation(node, now, trial, prompt_tokens=tokens, prefilling=tokens > 0)
+
+    def first_token(self, reservation: Reservation) -> None:
+        """The attempt holding ``reservation`` has its first token: its prompt is no longer
+        prefill ahead of the node's next request."""
+        if not reservation.prefilling:
+            return
+        with self.lock:
+            if reservation.prefilling:
+                reservation.prefilling = False
+                node = reservation.node
+                node.prefill_tokens -= reservation.prompt_tokens
+                self._touch(node)
 
     def release(self, reservation: Reservation) -> bool:
         """Give the slot back; False if it was already released (so double release is safe)."""
@@ -396,6 +422,9 @@ class Fleet:
             node = reservation.node
             node.in_flight -= 1
             node.tokens_in_flight -= reservation.prompt_tokens
+            if reservation.prefilling:
+                reservation.prefilling = False
+                node.prefill_tokens -= reservation.prompt_tokens
             if node.reported_load and reservation.taken_at <= node.reported_at:
                 # The node's last report counted this request; it is gone now.
                 node.reported_load -= 1
@@ -420,12 +449,24 @@ class Fleet:
             self._touch(node)
 
     def record_success(
-        self, node: NodeState, now: float, ttft_s: float | None, service_s: float | None
+        self,
+        node: NodeState,
+        now: float,
+        ttft_s: float | None,
+        service_s: float | None,
+        explained_ms: float = 0.0,
     ) -> None:
-        """A call on ``node`` succeeded: update latency EWMAs, health and the circuit."""
+        """A call on ``node`` succeeded: update latency EWMAs, health and the circuit.
+
+        ``explained_ms`` is the part of the call's TTFT that routing predicted from the
+        request itself (its prefill, the requests ahead of it); the base TTFT routing learns
+        (``ttft_ms``) is the observed TTFT less that part, and ``observed_ttft_ms`` the raw one.
+        """
         with self.lock:
             if ttft_s is not None:
-                node.ttft_ms = _ewma(node.ttft_ms, ttft_s * 1000.0)
+                observed = ttft_s * 1000.0
+                node.observed_ttft_ms = _ewma(node.observed_ttft_ms, observed)
+                node.ttft_ms = _ewma(node.ttft_ms, max(0.0, observed - explained_ms))
             if service_s is not None:
                 node.service_ms = _ewma(node.service_ms, service_s * 1000.0)
             node.consecutive_failures = 0

@@ -55,21 +55,25 @@ treated as having no room.)
 Predicted time to first token::
 
     ahead  = max(0, load - max_concurrency + 1)       # requests this one would wait behind
-    pred   = ttft + prefill(prompt_tokens)            # a node with a free slot
-           + ahead * service / max_concurrency        # when the slots are taken
-           + prefill(waiting_tokens)
+    base   = ttft                                     # the index key (request-independent)
+           + prefill(prefill_tokens)                  # prompts on the node without a first token
+           + ahead * service / max_concurrency        # only when the slots are taken
+    pred   = base + prefill(prompt_tokens)
     prefill(t)     = t / prefill_tokens_per_s x 1000 ms
-    waiting_tokens = tokens_in_flight x (load - max_concurrency) / load
 
-``ttft`` is the node's observed TTFT (EWMA) or, until one is observed, the family's prior
-``ttft_ms``; ``service`` its observed service time (EWMA) or ``PRIOR_SERVICE_MS``.
-``prefill_tokens_per_s`` and the prior come from the fleet's ``family_prior(family)`` (the
-family's profile, see :mod:`zml.fleet`); a fleet without one gives ``PRIOR_TTFT_MS`` and no
-prefill term. ``tokens_in_flight`` (the prompt tokens of this client's requests on the node)
-is read when the node has it, and its waiting share is the queued prefill ahead of this
-request. ``load`` counts every request on the node, this client's in flight included (and what
-the node reported on ``/metrics``). Priors are the profile's idle figures, optimistic on
-purpose: an unobserved node ranks with or ahead of observed ones and is explored, not starved.
+``ttft`` is the node's base TTFT (``node.ttft_ms``): an EWMA of observed TTFTs less the part
+of each call's prediction that the model explained (``Decision.predicted_ttft_ms -
+Decision.base_ttft_ms``: its own prefill, the prefill and requests ahead), never below zero
+(``Fleet.record_success``), so that a long prompt or a burst is not counted twice. Until one
+is observed it is the family's prior ``ttft_ms``; ``service`` is the node's observed service
+time (EWMA) or ``PRIOR_SERVICE_MS``. ``prefill_tokens_per_s`` and the prior come from the
+fleet's ``family_prior(family)`` (the family's profile, see :mod:`zml.fleet`); a fleet without
+one gives ``PRIOR_TTFT_MS`` and no prefill term. ``prefill_tokens`` (the prompt tokens of this
+client's requests on the node that have no first token yet: a node prefills one prompt after
+another) is read when the node has it. ``load`` counts every request on the node, this
+client's in flight included (and what the node reported on ``/metrics``). Priors are the
+profile's idle figures, optimistic on purpose: an unobserved node ranks with or ahead of
+observed ones and is explored, not starved.
 
 The latency limit: none when the policy has no ``latency_target_ms``; otherwise
 ``latency_target_ms x COST_LATENCY_MARGIN`` under ``"cost"`` and ``latency_target_ms``
@@ -375,6 +379,10 @@ class Decision:
     family: str
     predicted_ttft_ms: float
     evaluated: tuple[FamilyEvaluation, ...]
+    base_ttft_ms: float | None = None
+    """The node's base TTFT the prediction started from (its ``ttft_ms`` or the family prior);
+    ``predicted_ttft_ms - base_ttft_ms`` is the part the model explains (prefill, requests
+    ahead), which the fleet takes out of the observed TTFT it learns from (module docs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,15 +505,15 @@ def _scan(
         key = node.ttft_ms
         if key is None:
             key = prior
+        if ms_per_token:
+            tokens = getattr(node, "prefill_tokens", 0)
+            if tokens:
+                key += tokens * ms_per_token
         if load >= mc:
             service = node.service_ms
             if service is None:
                 service = PRIOR_SERVICE_MS
             key += (load - mc + 1) * service / mc
-            if ms_per_token:
-                tokens = getattr(node, "tokens_in_flight", 0)
-                if tokens:
-                    key += tokens * (load - mc) / load * ms_per_token
         pred = key + own_ms
         if pred > limit:
             n_lat += 1
@@ -540,13 +548,15 @@ def _less_loaded(a: NodeView, b: NodeView) -> bool:
 class _ScanFound:
     """A scanned family with viable nodes."""
 
-    __slots__ = ("best", "kept", "own_ms", "util")
+    __slots__ = ("best", "kept", "own_ms", "prior", "util")
 
-    def __init__(self, kept: list[Kept], best: float, util: float, own_ms: float) -> None:
+    def __init__(self, kept: list[Kept], best: float, util: float, own_ms: float,
+                 prior: float) -> None:
         self.kept = kept
         self.best = best
         self.util = util
         self.own_ms = own_ms
+        self.prior = prior
 
     def choose(self, rng: random.Random, affinity_key: str | None) -> tuple[float, NodeView]:
         own = self.own_ms
@@ -1052,7 +1062,7 @@ def route(
             kept, best, util, reason = _scan(
                 nodes, now, threshold, limit, exclude, prior, own_ms, ms_per_token, keep_all
             )
-            found = _ScanFound(kept, best, util, own_ms) if kept else reason
+            found = _ScanFound(kept, best, util, own_ms, prior) if kept else reason
         if isinstance(found, str):
             walked.append((family, checked, found))
             continue
@@ -1068,14 +1078,14 @@ def route(
                 continue
         walked.append((family, checked, None))
         pred, node = found.choose(rng, affinity_key)
-        return Decision(node, family, pred, _trace(walked))
+        return Decision(node, family, pred, _trace(walked), _base(node, found))
 
     if fallback is not None:
         index, found = fallback
         family, checked, _ = walked[index]
         walked[index] = (family, checked, None)
         pred, node = found.choose(rng, affinity_key)
-        return Decision(node, family, pred, _trace(walked))
+        return Decision(node, family, pred, _trace(walked), _base(node, found))
 
     evaluated = _trace(walked)
     return NoRoute(
@@ -1084,6 +1094,13 @@ def route(
         NO_VIABLE_NODE,
         _recommend(model, evaluated, fleet, now, threshold, exclude, "the chain's families"),
     )
+
+
+def _base(node: NodeView, found: _ScanFound | _IndexFound) -> float:
+    base = node.ttft_ms
+    if base is None:
+        return found.prior if isinstance(found, _ScanFound) else found.ix.prior
+    return base
 
 
 def _trace(walked: list[tuple[str, int, str | None]]) -> tuple[FamilyEvaluation, ...]:
@@ -1160,4 +1177,6 @@ def _route_without_policy(
         )
         for f, n, found, _, reason in scans
     )
-    return Decision(chosen, chosen_family, _predict(chosen), trace)
+    base = chosen.ttft_ms
+    return Decision(chosen, chosen_family, _predict(chosen), trace,
+                    PRIOR_TTFT_MS if base is None else base)

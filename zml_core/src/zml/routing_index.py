@@ -34,11 +34,15 @@ PRIOR_SERVICE_MS = 2000.0  # equal to zml.routing.PRIOR_SERVICE_MS (routing impo
 
 def base_key(node: Any, prior: float, ms_per_token: float) -> float:
     """A node's predicted TTFT without the request's own prefill (zml.routing module docs):
-    the observed TTFT or ``prior``, plus, when the slots are taken, the requests ahead and the
-    waiting share of its prompt tokens in flight."""
+    its base TTFT or ``prior``, plus the prefill of its requests without a first token, plus,
+    when the slots are taken, the requests ahead."""
     key: float = node.ttft_ms
     if key is None:
         key = prior
+    if ms_per_token:
+        tokens = getattr(node, "prefill_tokens", 0)
+        if tokens:
+            key += tokens * ms_per_token
     load = node.load
     mc = node.max_concurrency
     if load >= mc > 0:
@@ -46,10 +50,6 @@ def base_key(node: Any, prior: float, ms_per_token: float) -> float:
         if service is None:
             service = PRIOR_SERVICE_MS
         key += (load - mc + 1) * service / mc
-        if ms_per_token:
-            tokens = getattr(node, "tokens_in_flight", 0)
-            if tokens:
-                key += tokens * (load - mc) / load * ms_per_token
     return key
 
 

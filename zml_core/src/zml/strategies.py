@@ -173,6 +173,7 @@ def route_by_strategy(
         return NoRoute(name, evaluated, "no_viable_node", hint)
     node = candidates[choose(candidates, state, rng)]
     family = node.family
-    predicted = node.ttft_ms if node.ttft_ms is not None else 0.0
+    latency = node.latency_ms
+    predicted = latency if latency is not None else 0.0
     checked = len(fleet.nodes_for(model, family))
     return Decision(node, family, predicted, (FamilyEvaluation(family, checked, None),))

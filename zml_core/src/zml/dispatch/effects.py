@@ -77,7 +77,9 @@ class Effects:
         if kind is Mark:
             assert isinstance(op, Mark)
             if op.ok:
-                self.fleet.record_success(op.node, op.now, op.ttft_s, op.service_s)
+                self.fleet.record_success(
+                    op.node, op.now, op.ttft_s, op.service_s, op.explained_ms
+                )
             else:
                 self.fleet.record_failure(op.node, op.now)
             return None

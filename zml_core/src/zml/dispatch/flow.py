@@ -171,8 +171,11 @@ def _step(req: Request, rec: Record, reserved: Reserved, now: float,
     )
     checked = sum(e.nodes_checked for e in decision.evaluated)
     alternatives = checked - 1 - len(rec.tried) > 0
+    base = decision.base_ttft_ms
+    explained = 0.0 if base is None else max(0.0, decision.predicted_ttft_ms - base)
     return Step(node, reserved.reservation, info, node.completion_url,
-                _attempt_timeout(req, rec, now, settings, alternatives))
+                _attempt_timeout(req, rec, now, settings, alternatives),
+                explained_ms=explained)
 
 
 def _attempt_timeout(req: Request, rec: Record, now: float, settings: FlowSettings,
@@ -359,7 +362,8 @@ def success_flow(
     rec.current = step
     yield Release(step.reservation)
     ttft = None if step.first_token_at is None else step.first_token_at - step.sent_at
-    yield Mark(step.node, ok=True, now=now, ttft_s=ttft, service_s=now - step.sent_at)
+    yield Mark(step.node, ok=True, now=now, ttft_s=ttft, service_s=now - step.sent_at,
+               explained_ms=step.explained_ms)
     rec.outcome = "completed"
     info = step.routing
     held_s = now - step.reservation.taken_at

@@ -104,6 +104,7 @@ class Mark:
     now: float
     ttft_s: float | None = None
     service_s: float | None = None
+    explained_ms: float = 0.0
 
 
 @dataclass(frozen=True)
