@@ -150,6 +150,19 @@ def test_a_dripped_body_cannot_outlast_the_deadline(
         infer(config, timeout=1.0)
 
 
+def test_a_body_dripped_slower_than_the_deadline_margin_ends_at_the_deadline(
+    hostile: HostileNode, tmp_path: Path, infer: Any
+) -> None:
+    """A byte every 2 s and a 3 s deadline: the call ends after the second byte and before the
+    third (at 3 s, not at the first read after it, 4 s): the sync client's watchdog, the async
+    client's timer."""
+    config = write_config(tmp_path / "zml.toml", hostile, {"n-drip": "drip=2"})
+    with pytest.raises(zml.ZMLTimeoutError) as info:
+        infer(config, timeout=3.0)
+    assert hostile.requests_for("drip=2")[0].sent == 2
+    assert "deadline" in str(info.value)
+
+
 def test_a_node_stalling_after_its_headers_times_out(
     hostile: HostileNode, tmp_path: Path, infer: Any
 ) -> None:

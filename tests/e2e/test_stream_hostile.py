@@ -37,6 +37,8 @@ class HostileNode:
     def __init__(self) -> None:
         self.script = "keepalive"
         self.bad = b""
+        self.keepalives = 0
+        """Keep-alive comments sent so far (script "slow-keepalive")."""
         self.server: asyncio.Server | None = None
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -88,8 +90,16 @@ class HostileNode:
             send(event({"role": "assistant", "content": ""}) + event({"content": "Hi"}))
             send(self.bad)
             await asyncio.sleep(0.2)
+        if script == "slow-keepalive":
+            send(event({"role": "assistant", "content": "Hello"}))
+            await writer.drain()
         while loop.time() < stop and script != "malformed":
-            if script == "drip":
+            if script == "slow-keepalive":
+                await asyncio.sleep(2.0)
+                send(b": keep-alive\n\n")
+                await writer.drain()
+                self.keepalives += 1
+            elif script == "drip":
                 for byte in event({"content": " world"}):
                     send(bytes([byte]))
                     await writer.drain()
@@ -178,6 +188,38 @@ def test_a_node_that_keeps_talking_cannot_hold_a_stream_past_its_deadline(
 
         info = asyncio.run(main())
     assert "deadline" in str(info.value) and info.value.text.startswith("Hello")
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_stream_ends_at_its_deadline_not_at_the_next_packet(hostile: Any, kind: str) -> None:
+    """A keep-alive every 2 s and a 3 s deadline: the stream ends after the first keep-alive
+    and before the second (at 3 s, not at the first read after it, 4 s)."""
+    node, config, _ = hostile
+    node.script = "slow-keepalive"
+
+    def check(info: Any) -> None:
+        assert node.keepalives == 1
+        assert "deadline" in str(info.value) and info.value.text == "Hello"
+
+    if kind == "sync":
+        with zml.Client(config=config, probe_interval_s=None) as client:
+            stream = client.infer_stream(MODEL, MSGS, accelerator="EVIL", timeout=3.0)
+            with pytest.raises(zml.ZMLTimeoutError) as info:
+                for _ in stream:
+                    pass
+            check(info)
+            assert client.fleet.in_flight == 0
+    else:
+        async def main() -> None:
+            async with zml.AsyncClient(config=config, probe_interval_s=None) as client:
+                with pytest.raises(zml.ZMLTimeoutError) as info:
+                    async for _ in client.infer_stream(MODEL, MSGS, accelerator="EVIL",
+                                                       timeout=3.0):
+                        pass
+                check(info)
+                assert client.fleet.in_flight == 0
+
+        asyncio.run(main())
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])

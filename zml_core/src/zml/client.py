@@ -34,7 +34,7 @@ from .dispatch import (
     adrive,
     drive,
 )
-from .errors import InvalidRequestError, NodeProtocolError, PolicyConfigError
+from .errors import InvalidRequestError, NodeError, NodeProtocolError, PolicyConfigError
 from .fleet import Fleet
 from .policy import Policy, PolicyRef, resolve_policy
 from .transport import (
@@ -43,8 +43,10 @@ from .transport import (
     decode_completion,
     map_transport_error,
     read_body,
+    still_sending,
 )
 from .types import ChatCompletion, RoutingInfo
+from .watchdog import TaskTimer, Watch, Watchdog
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -347,6 +349,7 @@ class Client(_BaseClient):
         self._http = http_client or sync_http_client(_LIMITS)
         self._probe_stop: threading.Event | None = None
         self._probe_interval_s = probe_interval_s
+        self._watchdog = Watchdog(self._dispatcher.clock)
 
     def start_probing(self, interval_s: float = 2.0) -> None:
         """Probe every node's ``/health`` and ``/metrics`` every ``interval_s`` seconds (the
@@ -436,16 +439,27 @@ class Client(_BaseClient):
         self._probe_on_first_use()
         from .streaming import Stream
 
-        return Stream(call, self._http, self._wait)
+        return Stream(call, self._http, self._wait, self._watchdog)
 
     def _post(self, call: Call, step: Step) -> dict[str, Any]:
         node_id = step.node.id
+        deadline = call.deadline
+        watch: Watch | None = None
         try:
             with self._http.stream("POST", step.url, content=call.body,
                                    headers=call.headers_for(step), timeout=step.timeout) as r:
-                content = read_body(r, node_id, deadline=call.deadline, clock=call.d.clock)
-        except httpx2.HTTPError as exc:
+                if deadline is not None:  # a dripped body cannot outlast the deadline
+                    watch = self._watchdog.watch(deadline, r)
+                content = read_body(r, node_id, deadline=deadline, clock=call.d.clock)
+        except (httpx2.HTTPError, NodeError) as exc:
+            if watch is not None and watch.fired:
+                raise still_sending(node_id) from exc
+            if isinstance(exc, NodeError):
+                raise
             raise map_transport_error(exc, node_id) from exc
+        finally:
+            if watch is not None:
+                watch.end()
         check_status(r.status_code, r.headers, content, node_id)
         call.first_token(step)
         return decode_completion(content, node_id)
@@ -466,10 +480,11 @@ class Client(_BaseClient):
             ticket.disarm()
 
     def close(self) -> None:
-        """Close the connections this client opened (not those of a passed ``http_client``)
-        and stop probing."""
+        """Close the connections this client opened (not those of a passed ``http_client``),
+        stop probing and stop the deadline thread (:mod:`zml.watchdog`)."""
         if self._probe_stop is not None:
             self._probe_stop.set()
+        self._watchdog.close()
         self._dispatcher.close()
         if self._own_http:
             self._http.close()
@@ -558,15 +573,30 @@ class AsyncClient(_BaseClient):
         return self._stream_type(call, self._http, self._wait, self._start_probing)
 
     async def _post(self, call: Call, step: Step) -> dict[str, Any]:
+        import asyncio
+
         node_id = step.node.id
+        deadline = call.deadline
+        timer: TaskTimer | None = None
         try:
             async with self._http.stream("POST", step.url, content=call.body,
                                          headers=call.headers_for(step),
                                          timeout=step.timeout) as r:
-                content = await aread_body(r, node_id, deadline=call.deadline,
-                                           clock=call.d.clock)
+                if deadline is not None:  # a dripped body cannot outlast the deadline
+                    timer = TaskTimer()
+                    timer.arm(deadline - call.d.clock())
+                    timer.reader = asyncio.current_task()
+                content = await aread_body(r, node_id, deadline=deadline, clock=call.d.clock)
         except httpx2.HTTPError as exc:
             raise map_transport_error(exc, node_id) from exc
+        except asyncio.CancelledError as exc:
+            if timer is not None and timer.own(exc):
+                raise still_sending(node_id) from None
+            raise
+        finally:
+            if timer is not None:
+                timer.disarm()
+                timer.reader = None
         check_status(r.status_code, r.headers, content, node_id)
         call.first_token(step)
         return decode_completion(content, node_id)

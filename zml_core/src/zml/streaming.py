@@ -26,17 +26,16 @@ or any other non-empty delta field, a finish_reason or usage; SSE comments (keep
 role-only and empty deltas are not, so a node that only keeps the connection busy fails over
 when ``first_token`` expires. ``idle`` bounds the silence between two reads: any bytes,
 comments included, count as liveness. Margins: an async stream ends within a few
-milliseconds of its deadline (event-loop latency); a sync stream reads with a socket timeout
-of ``min(idle, time left)`` and checks the clock after each read, so it ends at most one
-node packet gap after the deadline (a node sending a keep-alive every 0.2 s: <= 0.2 s).
+milliseconds of its deadline (event-loop latency); a sync stream is watched by its client's
+deadline thread (:mod:`zml.watchdog`), which shuts the socket down when the deadline passes, so
+it too ends within a few milliseconds of it (thread wake-up latency), however often the node
+sends; ``benchmarks/deadline_margin.py`` measures both.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +46,7 @@ from .errors import NodeConnectionError, NodeError, NodeProtocolError, NodeTimeo
 from .sse import EventSplitter, StreamDecoder
 from .transport import check_status, map_transport_error
 from .types import ChatCompletionChunk, RoutingInfo, Usage
+from .watchdog import TaskTimer, Watch, Watchdog, shutdown_socket
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -64,50 +64,6 @@ class _Expired(Exception):
     """The stream's timer fired during a read (internal; mapped to a timeout error)."""
 
 
-class _Watch:
-    """An async stream's deadline timer: interrupts the read in progress when it fires.
-
-    Held by the stream and by the event loop's timer, never referring back to the stream, so a
-    dropped stream is collected at once. Between reads ``reader`` is None and a firing timer
-    only marks the stream expired (the next read raises).
-    """
-
-    __slots__ = ("expired", "handle", "reader")
-
-    def __init__(self) -> None:
-        self.expired = False
-        self.reader: asyncio.Task[Any] | None = None
-        self.handle: asyncio.TimerHandle | None = None
-
-    def arm(self, delay: float) -> None:
-        self.disarm()
-        self.expired = False
-        self.handle = asyncio.get_running_loop().call_later(max(0.0, delay), self._fire)
-
-    def disarm(self) -> None:
-        handle = self.handle
-        if handle is not None:
-            self.handle = None
-            handle.cancel()
-
-    def _fire(self) -> None:
-        self.handle = None
-        self.expired = True
-        reader = self.reader
-        if reader is not None:
-            reader.cancel()
-
-    def own(self, exc: asyncio.CancelledError) -> bool:
-        """Whether a CancelledError in a read came from this timer (and only from it)."""
-        reader = self.reader
-        if not self.expired or reader is None:
-            return False
-        if sys.version_info >= (3, 11):
-            reader.uncancel()
-            return reader.cancelling() == 0
-        return True
-
-
 class _Attempt:
     """One attempt's response while it is being opened, then the open stream's read state.
 
@@ -115,7 +71,7 @@ class _Attempt:
     """
 
     __slots__ = ("body", "call", "deadline", "decoder", "first_by", "response", "splitter",
-                 "step")
+                 "step", "watch")
 
     def __init__(self, call: Call, step: Step) -> None:
         self.call = call
@@ -127,6 +83,18 @@ class _Attempt:
         first = call.timeouts.first_token
         self.first_by = None if first is None else step.sent_at + first
         self.deadline = call.deadline
+        self.watch: Watch | None = None
+        """The sync client's watchdog entry for this response (see :mod:`zml.watchdog`)."""
+
+    def expired(self) -> bool:
+        """Whether the watchdog shut the response down at the request's deadline."""
+        watch = self.watch
+        return watch is not None and watch.fired
+
+    def unwatch(self) -> None:
+        watch = self.watch
+        if watch is not None:
+            watch.end()
 
     def started(self, request: httpx2.Request, response: httpx2.Response) -> None:
         """Headers in, status fine: check it is an event stream; reads now wait ``idle``.
@@ -205,15 +173,15 @@ class _Attempt:
 
     def error(self, exc: BaseException) -> BaseException:
         """The error to raise for a failure while opening (retryable where the node's fault)."""
-        if isinstance(exc, _Expired):
+        if isinstance(exc, _Expired) or self.expired():
             return self.no_token()
         if isinstance(exc, httpx2.HTTPError):
             return map_transport_error(exc, self.step.node.id)
         return exc
 
 
-def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]
-               ) -> tuple[_Attempt, list[ChatCompletionChunk]]:
+def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
+               watchdog: Watchdog) -> tuple[_Attempt, list[ChatCompletionChunk]]:
     """Dispatch a stream (failover included) until its first token arrives."""
 
     def attempt(step: Step) -> tuple[_Attempt, list[ChatCompletionChunk]]:
@@ -223,6 +191,8 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]
             request = http.build_request("POST", step.url, content=call.body,
                                          headers=call.headers_for(step), timeout=step.timeout)
             op.response = response = http.send(request, stream=True)
+            if op.deadline is not None:
+                op.watch = watchdog.watch(op.deadline, response)
             if response.status_code >= 400:
                 response.read()
                 check_status(response.status_code, response.headers, response.content,
@@ -234,6 +204,7 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]
                 pass
             return op, ready
         except BaseException as exc:
+            op.unwatch()
             if op.response is not None:
                 op.response.close()
             err = op.error(exc)
@@ -247,7 +218,7 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None]
 
 
 async def _open_async(call: Call, http: httpx2.AsyncClient,
-                      wait: Callable[[Wait], Awaitable[None]], watch: _Watch
+                      wait: Callable[[Wait], Awaitable[None]], watch: TaskTimer
                       ) -> tuple[_Attempt, list[ChatCompletionChunk]]:
     """:func:`_open_sync` for the async client; ``watch`` bounds the wait for the first token."""
 
@@ -292,7 +263,7 @@ async def _open_async(call: Call, http: httpx2.AsyncClient,
     return opened
 
 
-async def _read(body: AsyncIterator[bytes], watch: _Watch) -> bytes | None:
+async def _read(body: AsyncIterator[bytes], watch: TaskTimer) -> bytes | None:
     """The next read of a response body (None at its end), interruptible by ``watch``."""
     if watch.expired:
         raise _Expired
@@ -307,16 +278,6 @@ async def _read(body: AsyncIterator[bytes], watch: _Watch) -> bytes | None:
         raise
     finally:
         watch.reader = None
-
-
-def _shutdown(response: httpx2.Response) -> None:
-    """Close an async response's connection at once, without awaiting: shut its socket down
-    (the node sees the disconnect now; the transport's own cleanup runs on the loop later)."""
-    stream = response.extensions.get("network_stream")
-    sock = None if stream is None else stream.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
 
 
 class _Base:
@@ -393,6 +354,8 @@ class _Base:
             return False
         self._phase = _ENDED
         op = self._op
+        if op is not None:
+            op.unwatch()
         if complete and op is not None:
             decoder = op.decoder
             last = decoder.last
@@ -410,7 +373,7 @@ class _Base:
         assert op is not None
         call = self._call
         err: BaseException = exc
-        if isinstance(exc, _Expired):
+        if isinstance(exc, _Expired) or op.expired():
             err = call.deadline_error(op.decoder)
         elif isinstance(exc, httpx2.HTTPError):
             deadline = op.deadline
@@ -437,13 +400,14 @@ class Stream(_Base):
 
     __slots__ = ()
 
-    def __init__(self, call: Call, http: httpx2.Client, wait: Callable[[Wait], None]) -> None:
+    def __init__(self, call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
+                 watchdog: Watchdog) -> None:
         self._call = call
         self._op = None
         self._phase = _NEW
         self._ready = []
         try:
-            opened = _open_sync(call, http, wait)
+            opened = _open_sync(call, http, wait, watchdog)
         except BaseException:
             self._phase = _ENDED  # the driver ended the call
             raise
@@ -534,7 +498,7 @@ class AsyncStream(_Base):
         self._op = None
         self._phase = _NEW
         self._ready = []
-        self._watch = _Watch()
+        self._watch = TaskTimer()
 
     def __del__(self) -> None:
         # Dropped before its end: free the slot and shut the connection down at once. Never
@@ -544,7 +508,7 @@ class AsyncStream(_Base):
             self._watch.disarm()
             op = self._op
             if op is not None and op.response is not None:
-                _shutdown(op.response)
+                shutdown_socket(op.response)
 
     async def _open(self) -> None:
         if self._on_start is not None:

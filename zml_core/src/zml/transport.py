@@ -240,10 +240,15 @@ class _Body:
             raise _too_large(self.node_id, f"more than {self.limit:,}")
         self.parts.append(part)
         if self.deadline is not None and self.clock() >= self.deadline:
-            raise NodeTimeoutError(
-                f"node {self.node_id!r} was still sending its answer at the request's deadline",
-                node_id=self.node_id,
-            )
+            raise still_sending(self.node_id)
+
+
+def still_sending(node_id: str) -> NodeTimeoutError:
+    """The error for a body still arriving when the request's deadline passed."""
+    return NodeTimeoutError(
+        f"node {node_id!r} was still sending its answer at the request's deadline",
+        node_id=node_id,
+    )
 
 
 def read_body(response: httpx2.Response, node_id: str, limit: int = MAX_BODY_BYTES, *,
