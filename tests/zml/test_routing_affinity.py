@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tests.zml.test_routing_properties import NOW, Fleet, Policy, fleets, policies
-from zml import routing
+from zml import routing, routing_families
 from zml.config import load_registry
 from zml.fleet import FAMILY_PRIORS, Fleet as ZmlFleet
 from zml.routing import Decision, affinity_bound, route
@@ -43,7 +43,7 @@ def _viable_of_family(fleet: Fleet, policy: Policy, family: str) -> list[typing.
             continue
         if n.load >= n.max_concurrency + n.max_queue:
             continue
-        pred = routing._node_prediction(n, routing.PRIOR_TTFT_MS, 0.0, 0.0)
+        pred = routing_families._node_prediction(n, routing.PRIOR_TTFT_MS, 0.0, 0.0)
         if pred > limit:
             continue
         out.append(n)
@@ -73,7 +73,7 @@ def test_affinity_never_picks_a_node_the_load_bound_excludes(
     within = [n for n in viable if n.load + 1 <= affinity_bound(load, cap, n.max_concurrency)]
     if within:
         assert node in within  # the bound is respected...
-        top = max(within, key=lambda n: routing._affinity_score(str(block), n.id))
+        top = max(within, key=lambda n: routing_families._affinity_score(str(block), n.id))
         assert node is top  # ...and the home node is the rendezvous winner
 
 
