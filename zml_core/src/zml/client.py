@@ -44,7 +44,7 @@ from .transport import (
     map_transport_error,
     read_body,
 )
-from .types import ChatCompletion, RoutingInfo
+from .types import ChatCompletion, RoutingInfo, build_completion
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -277,6 +277,9 @@ class _BaseClient:
 
 def _completion(data: dict[str, Any], routing: RoutingInfo, node_id: str) -> ChatCompletion:
     data["routing"] = routing
+    built = build_completion(data, routing)  # the common case: exact types, no validation
+    if built is not None:
+        return built
     try:
         return ChatCompletion.model_validate(data)
     except ValidationError as exc:

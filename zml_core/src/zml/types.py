@@ -3,7 +3,9 @@
 ``ChatCompletion`` mirrors openai-python's, so code written against it works unchanged, and adds
 ``routing`` (always set). A full response is validated once; stream chunks are built with
 ``trusted`` from the node's JSON, type-checked while they are built but not validated by
-pydantic: the streaming hot path must stay within a few microseconds per chunk.
+pydantic: the streaming hot path must stay within a few microseconds per chunk. A full response
+whose fields all have the types the models name already is built the same way
+(:func:`build_completion`); any other is validated by pydantic, which reports what is wrong.
 """
 
 from __future__ import annotations
@@ -376,3 +378,131 @@ def build_chunk(data: dict[str, Any], routing: RoutingInfo) -> ChatCompletionChu
         "system_fingerprint": _fingerprint(data.get("system_fingerprint")),
         "routing": routing,
     }, _extra(data, _CHUNK_FIELDS))
+
+
+# --- full responses -------------------------------------------------------------------------
+
+_COMPLETION_FIELDS = frozenset({"id", "object", "created", "model", "choices", "usage",
+                                "system_fingerprint", "routing"})
+_COMPLETION_CHOICE_FIELDS = frozenset({"index", "message", "finish_reason", "logprobs"})
+_MESSAGE_FIELDS = frozenset({"role", "content", "tool_calls", "refusal"})
+_TOOL_CALL_FIELDS = frozenset({"id", "type", "function"})
+_FUNCTION_FIELDS = frozenset({"name", "arguments"})
+
+
+class _NeedsValidation(Exception):
+    """A field of a node's answer is not already what its model holds (see build_completion)."""
+
+
+def _as_validated(cls: type[_M], values: dict[str, Any], data: dict[str, Any],
+                  known: frozenset[str]) -> _M:
+    # What ``cls.model_validate(data)`` holds for an ``extra="allow"`` model whose fields are
+    # ``values`` (in field order): the fields set are the keys given, the others are extras.
+    obj = _new(cls)
+    _setattr(obj, "__dict__", values)
+    _setattr(obj, "__pydantic_fields_set__", set(data))
+    _setattr(obj, "__pydantic_extra__",
+             {} if known.issuperset(data) else {k: v for k, v in data.items() if k not in known})
+    _setattr(obj, "__pydantic_private__", None)
+    return obj
+
+
+def _str(value: object) -> str:
+    if type(value) is not str:
+        raise _NeedsValidation
+    return value
+
+
+def _opt_str(value: object) -> str | None:
+    if value is not None and type(value) is not str:
+        raise _NeedsValidation
+    return value
+
+
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise _NeedsValidation
+    return value
+
+
+def _dict(value: object) -> dict[str, Any]:
+    if type(value) is not dict:
+        raise _NeedsValidation
+    return value
+
+
+def _tool_call(tc: object) -> ChatCompletionMessageToolCall:
+    tc = _dict(tc)
+    fn = _dict(tc.get("function"))
+    kind = tc.get("type", "function")
+    if kind != "function" or type(kind) is not str:
+        raise _NeedsValidation
+    function = _as_validated(Function, {"name": _str(fn.get("name")),
+                                        "arguments": _str(fn.get("arguments"))},
+                             fn, _FUNCTION_FIELDS)
+    return _as_validated(ChatCompletionMessageToolCall,
+                         {"id": _str(tc.get("id")), "type": kind, "function": function},
+                         tc, _TOOL_CALL_FIELDS)
+
+
+def _completion_choice(c: object) -> Choice:
+    c = _dict(c)
+    m = _dict(c.get("message"))
+    role = m.get("role", "assistant")
+    if role != "assistant" or type(role) is not str:
+        raise _NeedsValidation
+    calls = m.get("tool_calls")
+    tool_calls = None
+    if calls is not None:
+        if type(calls) is not list:
+            raise _NeedsValidation
+        tool_calls = [_tool_call(tc) for tc in calls]
+    message = _as_validated(ChatCompletionMessage, {
+        "role": role,
+        "content": _opt_str(m.get("content")),
+        "tool_calls": tool_calls,
+        "refusal": _opt_str(m.get("refusal")),
+    }, m, _MESSAGE_FIELDS)
+    return _as_validated(Choice, {
+        "index": _int(c.get("index", 0)),
+        "message": message,
+        "finish_reason": _opt_str(c.get("finish_reason")),
+        "logprobs": c.get("logprobs"),
+    }, c, _COMPLETION_CHOICE_FIELDS)
+
+
+def build_completion(data: dict[str, Any], routing: RoutingInfo) -> ChatCompletion | None:
+    """``ChatCompletion.model_validate({**data, "routing": routing})``, without pydantic's walk,
+    when every field of ``data`` already has the type its model names; else None.
+
+    The result is what pydantic would build (same values, fields set and extras; a test holds
+    it to that). A node's answer almost always has exact types, so the common case skips
+    validation; None (a missing required field, a value pydantic would coerce or refuse) tells
+    the caller to validate, so coercions and error messages stay pydantic's. ``data`` is the
+    decoded JSON and must contain ``"routing": routing`` already (it is the fields set).
+    """
+    try:
+        raw = data.get("choices")
+        if type(raw) is not list:
+            return None
+        choices = [_completion_choice(c) for c in raw]
+        usage = data.get("usage")
+        if usage is not None:
+            u = _dict(usage)
+            usage = _as_validated(Usage, {
+                "prompt_tokens": _int(u.get("prompt_tokens", 0)),
+                "completion_tokens": _int(u.get("completion_tokens", 0)),
+                "total_tokens": _int(u.get("total_tokens", 0)),
+            }, u, _USAGE_FIELDS)
+        return _as_validated(ChatCompletion, {
+            "id": _str(data.get("id")),
+            "object": _str(data.get("object", "chat.completion")),
+            "created": _int(data.get("created", 0)),
+            "model": _str(data.get("model")),
+            "choices": choices,
+            "usage": usage,
+            "system_fingerprint": _opt_str(data.get("system_fingerprint")),
+            "routing": routing,
+        }, data, _COMPLETION_FIELDS)
+    except _NeedsValidation:
+        return None
