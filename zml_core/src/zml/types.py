@@ -413,18 +413,6 @@ def _str(value: object) -> str:
     return value
 
 
-def _opt_str(value: object) -> str | None:
-    if value is not None and type(value) is not str:
-        raise _NeedsValidation
-    return value
-
-
-def _int(value: object) -> int:
-    if type(value) is not int:
-        raise _NeedsValidation
-    return value
-
-
 def _dict(value: object) -> dict[str, Any]:
     if type(value) is not dict:
         raise _NeedsValidation
@@ -446,27 +434,34 @@ def _tool_call(tc: object) -> ChatCompletionMessageToolCall:
 
 
 def _completion_choice(c: object) -> Choice:
-    c = _dict(c)
-    m = _dict(c.get("message"))
-    role = m.get("role", "assistant")
-    if role != "assistant" or type(role) is not str:
+    # The checks are written out (not helper calls): this runs for every answer.
+    if type(c) is not dict:
         raise _NeedsValidation
+    m = c.get("message")
+    if type(m) is not dict:
+        raise _NeedsValidation
+    role = m.get("role", "assistant")
+    content = m.get("content")
+    refusal = m.get("refusal")
     calls = m.get("tool_calls")
+    if role != "assistant" or type(role) is not str \
+            or (content is not None and type(content) is not str) \
+            or (refusal is not None and type(refusal) is not str):
+        raise _NeedsValidation
     tool_calls = None
     if calls is not None:
         if type(calls) is not list:
             raise _NeedsValidation
         tool_calls = [_tool_call(tc) for tc in calls]
+    index = c.get("index", 0)
+    reason = c.get("finish_reason")
+    if type(index) is not int or (reason is not None and type(reason) is not str):
+        raise _NeedsValidation
     message = _as_validated(ChatCompletionMessage, {
-        "role": role,
-        "content": _opt_str(m.get("content")),
-        "tool_calls": tool_calls,
-        "refusal": _opt_str(m.get("refusal")),
+        "role": role, "content": content, "tool_calls": tool_calls, "refusal": refusal,
     }, m, _MESSAGE_FIELDS)
     return _as_validated(Choice, {
-        "index": _int(c.get("index", 0)),
-        "message": message,
-        "finish_reason": _opt_str(c.get("finish_reason")),
+        "index": index, "message": message, "finish_reason": reason,
         "logprobs": c.get("logprobs"),
     }, c, _COMPLETION_CHOICE_FIELDS)
 
@@ -488,21 +483,28 @@ def build_completion(data: dict[str, Any], routing: RoutingInfo) -> ChatCompleti
         choices = [_completion_choice(c) for c in raw]
         usage = data.get("usage")
         if usage is not None:
-            u = _dict(usage)
+            if type(usage) is not dict:
+                return None
+            prompt = usage.get("prompt_tokens", 0)
+            completion = usage.get("completion_tokens", 0)
+            total = usage.get("total_tokens", 0)
+            if type(prompt) is not int or type(completion) is not int or type(total) is not int:
+                return None
             usage = _as_validated(Usage, {
-                "prompt_tokens": _int(u.get("prompt_tokens", 0)),
-                "completion_tokens": _int(u.get("completion_tokens", 0)),
-                "total_tokens": _int(u.get("total_tokens", 0)),
-            }, u, _USAGE_FIELDS)
-        return _as_validated(ChatCompletion, {
-            "id": _str(data.get("id")),
-            "object": _str(data.get("object", "chat.completion")),
-            "created": _int(data.get("created", 0)),
-            "model": _str(data.get("model")),
-            "choices": choices,
-            "usage": usage,
-            "system_fingerprint": _opt_str(data.get("system_fingerprint")),
-            "routing": routing,
-        }, data, _COMPLETION_FIELDS)
+                "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": total,
+            }, usage, _USAGE_FIELDS)
     except _NeedsValidation:
         return None
+    cid = data.get("id")
+    obj = data.get("object", "chat.completion")
+    created = data.get("created", 0)
+    model = data.get("model")
+    fingerprint = data.get("system_fingerprint")
+    if type(cid) is not str or type(obj) is not str or type(created) is not int \
+            or type(model) is not str \
+            or (fingerprint is not None and type(fingerprint) is not str):
+        return None
+    return _as_validated(ChatCompletion, {
+        "id": cid, "object": obj, "created": created, "model": model, "choices": choices,
+        "usage": usage, "system_fingerprint": fingerprint, "routing": routing,
+    }, data, _COMPLETION_FIELDS)

@@ -42,7 +42,7 @@ import httpx2
 from .. import routing
 from ..errors import NodeError, RateLimitError, RoutingError, ZMLError, ZMLTimeoutError
 from ..transport import RETRY_AFTER_MAX_S
-from ..types import Attempt, Cost, RoutingInfo
+from ..types import Attempt, Cost, RoutingInfo, trusted
 from .ops import (
     Behind,
     Dequeue,
@@ -154,21 +154,23 @@ def _step(req: Request, rec: Record, reserved: Reserved, now: float,
     decision = reserved.decision
     node = reserved.reservation.node
     load = node.load - 1  # the load before this reservation
-    info = RoutingInfo.model_construct(
-        node_id=node.id,
-        accelerator=node.family,
-        policy=req.policy_name,
-        queue_depth=max(0, load - node.max_concurrency),
-        node_load=load,
-        predicted_ttft_ms=decision.predicted_ttft_ms,
-        evaluated=[e.as_dict() for e in decision.evaluated],
-        decision_us=round(reserved.decision_us, 2),
-        attempts=list(rec.attempts),
-        queued_ms=0.0 if rec.queued_at is None else round((now - rec.queued_at) * 1e3, 2),
-        cost=None,
-        server_address=node.address,
-        metadata=dict(req.metadata),
-    )
+    # Every field named, in field order: what RoutingInfo.model_construct(...) builds, for
+    # less (this runs once per attempt).
+    info = trusted(RoutingInfo, {
+        "node_id": node.id,
+        "accelerator": node.family,
+        "policy": req.policy_name,
+        "queue_depth": max(0, load - node.max_concurrency),
+        "node_load": load,
+        "predicted_ttft_ms": decision.predicted_ttft_ms,
+        "evaluated": [e.as_dict() for e in decision.evaluated],
+        "decision_us": round(reserved.decision_us, 2),
+        "attempts": list(rec.attempts),
+        "queued_ms": 0.0 if rec.queued_at is None else round((now - rec.queued_at) * 1e3, 2),
+        "cost": None,
+        "server_address": node.address,
+        "metadata": dict(req.metadata),
+    })
     checked = sum(e.nodes_checked for e in decision.evaluated)
     alternatives = checked - 1 - len(rec.tried) > 0
     base = decision.base_ttft_ms
