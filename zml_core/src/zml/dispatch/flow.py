@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx2
 
@@ -80,8 +79,7 @@ _DEADLINE_SLACK_S = 0.005  # an attempt timed out at the deadline (timers fire a
 Flow = Generator[Operation, Any, Any]
 
 
-@dataclass(frozen=True)
-class FlowSettings:
+class FlowSettings(NamedTuple):
     """What a flow needs of its dispatcher: attempt limit, whether a ledger leases slots,
     and the family profiles' prior TTFTs (none: routing's global prior)."""
 
