@@ -6,8 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from pydantic import BaseModel, ValidationError
 
 from zml.types import (

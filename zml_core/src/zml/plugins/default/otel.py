@@ -40,7 +40,9 @@ The request body is parsed only while a span records.
 The tracer and meter come from the global providers, fetched on first use (so an application
 may configure OpenTelemetry after importing zml), unless providers are passed to the plugin.
 While neither global provider is configured, the plugin does nothing per request (it looks
-again every second), so tracing costs nothing to an application that does not use it.
+again every second), so tracing costs nothing to an application that does not use it; until
+the application imports the OpenTelemetry API (or names a provider in
+``OTEL_PYTHON_TRACER_PROVIDER`` / ``OTEL_PYTHON_METER_PROVIDER``), it does not even import it.
 """
 
 from __future__ import annotations
