@@ -216,3 +216,27 @@ def test_without_configured_providers_nothing_is_recorded(driver: Any) -> None:
     assert driver.infer(policy="prod").routing.node_id == "h100-a"
     assert type(plugin.tracer).__name__ == "ProxyTracer"  # resolves once one is set
     assert OpenTelemetryPlugin(tracer_provider=trace.NoOpTracerProvider()).enabled()
+
+
+def test_the_api_is_not_imported_until_the_application_uses_it() -> None:
+    # A fresh interpreter: this test process imported OpenTelemetry long ago.
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from zml.plugins.default.otel import OpenTelemetryPlugin\n"
+        "p = OpenTelemetryPlugin()\n"
+        "assert not p.enabled()\n"
+        "assert not any(m.startswith('opentelemetry') for m in sys.modules), 'imported'\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace import TracerProvider\n"
+        "trace.set_tracer_provider(TracerProvider())\n"
+        "p._recheck_at = 0.0  # the next look, a second later\n"
+        "assert p.enabled()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_PYTHON_")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -361,8 +361,6 @@ class Client(_BaseClient):
         if self._probe_stop is not None:
             return
         stop = self._probe_stop = threading.Event()
-        from .probe import Prober
-
         fleet = weakref.ref(self.fleet)
         http = self._http  # the client's own transport, proxies and TLS settings
 
@@ -372,6 +370,10 @@ class Client(_BaseClient):
                 if live is None:  # the client (and its fleet) are gone
                     return
                 try:
+                    # Imported at the first probe, not on the first request's path (the
+                    # module brings asyncio, which the sync client does not need otherwise).
+                    from .probe import Prober
+
                     Prober(live, interval_s).probe_all(http)
                 except Exception as exc:  # one bad answer must not end the probing
                     logging.getLogger("zml.probe").warning("zml prober: %s", exc)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..errors import NodeError, ZMLTimeoutError
 from . import flow as flows
-from .ops import Lease, Operation, Send, Wait
+from .ops import Lease, Now, Operation, Send, Wait
 from .record import Record, ResponseSummary, Step
 from .view import CallView
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["Call", "adrive", "drive"]
 
 _T = TypeVar("_T")
+_IO = (Wait, Lease, Send)  # what drivers carry out themselves
 
 
 class Call:
@@ -152,10 +153,13 @@ class Call:
         I/O (returned) or returns (``(None, value)``)."""
         effects = self.d.effects
         view = self.view
+        clock = effects.clock
         try:
             op = flow.send(result)
-            while not isinstance(op, Wait | Lease | Send):
-                op = flow.send(effects.perform(op, view))
+            while not isinstance(op, _IO):
+                # Now, the most frequent operation, is answered here (Effects.perform's first
+                # case, without the call).
+                op = flow.send(clock() if type(op) is Now else effects.perform(op, view))
         except StopIteration as done:
             return None, done.value
         return op, None

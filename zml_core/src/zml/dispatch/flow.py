@@ -34,15 +34,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx2
 
 from .. import routing
 from ..errors import NodeError, RateLimitError, RoutingError, ZMLError, ZMLTimeoutError
 from ..transport import RETRY_AFTER_MAX_S
-from ..types import Attempt, Cost, RoutingInfo
+from ..types import Attempt, Cost, RoutingInfo, trusted
 from .ops import (
     Behind,
     Dequeue,
@@ -80,8 +79,7 @@ _DEADLINE_SLACK_S = 0.005  # an attempt timed out at the deadline (timers fire a
 Flow = Generator[Operation, Any, Any]
 
 
-@dataclass(frozen=True)
-class FlowSettings:
+class FlowSettings(NamedTuple):
     """What a flow needs of its dispatcher: attempt limit, whether a ledger leases slots,
     and the family profiles' prior TTFTs (none: routing's global prior)."""
 
@@ -154,21 +152,23 @@ def _step(req: Request, rec: Record, reserved: Reserved, now: float,
     decision = reserved.decision
     node = reserved.reservation.node
     load = node.load - 1  # the load before this reservation
-    info = RoutingInfo.model_construct(
-        node_id=node.id,
-        accelerator=node.family,
-        policy=req.policy_name,
-        queue_depth=max(0, load - node.max_concurrency),
-        node_load=load,
-        predicted_ttft_ms=decision.predicted_ttft_ms,
-        evaluated=[e.as_dict() for e in decision.evaluated],
-        decision_us=round(reserved.decision_us, 2),
-        attempts=list(rec.attempts),
-        queued_ms=0.0 if rec.queued_at is None else round((now - rec.queued_at) * 1e3, 2),
-        cost=None,
-        server_address=node.address,
-        metadata=dict(req.metadata),
-    )
+    # Every field named, in field order: what RoutingInfo.model_construct(...) builds, for
+    # less (this runs once per attempt).
+    info = trusted(RoutingInfo, {
+        "node_id": node.id,
+        "accelerator": node.family,
+        "policy": req.policy_name,
+        "queue_depth": max(0, load - node.max_concurrency),
+        "node_load": load,
+        "predicted_ttft_ms": decision.predicted_ttft_ms,
+        "evaluated": [e.as_dict() for e in decision.evaluated],
+        "decision_us": round(reserved.decision_us, 2),
+        "attempts": list(rec.attempts),
+        "queued_ms": 0.0 if rec.queued_at is None else round((now - rec.queued_at) * 1e3, 2),
+        "cost": None,
+        "server_address": node.address,
+        "metadata": dict(req.metadata),
+    })
     checked = sum(e.nodes_checked for e in decision.evaluated)
     alternatives = checked - 1 - len(rec.tried) > 0
     base = decision.base_ttft_ms

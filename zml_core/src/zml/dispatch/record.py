@@ -8,7 +8,7 @@ through a read-only view (:mod:`.view`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import httpx2
@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["Record", "ResponseSummary", "Step"]
 
 
-@dataclass(frozen=True)
-class ResponseSummary:
+class ResponseSummary(NamedTuple):
     """What telemetry needs of a finished answer: the node's id and model, the finish reason."""
 
     id: str | None

@@ -40,13 +40,16 @@ The request body is parsed only while a span records.
 The tracer and meter come from the global providers, fetched on first use (so an application
 may configure OpenTelemetry after importing zml), unless providers are passed to the plugin.
 While neither global provider is configured, the plugin does nothing per request (it looks
-again every second), so tracing costs nothing to an application that does not use it.
+again every second), so tracing costs nothing to an application that does not use it; until
+the application imports the OpenTelemetry API (or names a provider in
+``OTEL_PYTHON_TRACER_PROVIDER`` / ``OTEL_PYTHON_METER_PROVIDER``), it does not even import it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -74,6 +77,18 @@ DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 
                     40.96, 81.92)
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304,
                  16777216, 67108864)
+
+
+_PROVIDER_ENV = ("OTEL_PYTHON_TRACER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER")
+
+
+def _api_in_use() -> bool:
+    """Whether a global provider may be configured: the application imported the OpenTelemetry
+    API (``set_tracer_provider`` and ``set_meter_provider`` live there), or names a provider
+    in the environment, which the API loads on first use. Otherwise no provider exists, and
+    importing the API (some 10 ms) to learn that is left out of the first request."""
+    return ("opentelemetry.trace" in sys.modules or "opentelemetry.metrics" in sys.modules
+            or any(name in os.environ for name in _PROVIDER_ENV))
 
 
 def _version() -> str:
@@ -120,13 +135,16 @@ class OpenTelemetryPlugin:
             return True
         now = time.monotonic()
         if now >= self._recheck_at:
+            self._recheck_at = now + RECHECK_S
+            if not _api_in_use():  # nothing can have configured a provider: skip the import
+                self._enabled = False
+                return False
             from opentelemetry import metrics, trace
 
             traced = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
             # The API hands out a proxy until a meter provider is set; it has no public type.
             measured = type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider"
             self._enabled = traced or measured
-            self._recheck_at = now + RECHECK_S
         return self._enabled
 
     # --- lazily fetched OpenTelemetry objects ------------------------------------------------
