@@ -198,6 +198,27 @@ def test_prefill_tokens_count_until_the_first_token(tmp_path: typing.Any) -> Non
     assert node.prefill_tokens == 0 and node.tokens_in_flight == 0
 
 
+def test_a_whole_answers_prompt_counts_as_prefilled_once_its_predicted_ttft_passed(
+    tmp_path: typing.Any,
+) -> None:
+    fleet = _fleet(tmp_path, NODES)
+    node = fleet.node("h1")
+    with fleet.lock:
+        whole = fleet.reserve(node, 10.0, 300, prefill_by=10.5)  # not streamed: no first token
+        streamed = fleet.reserve(node, 10.0, 200)
+        fleet.refresh(10.4)
+    assert node.prefill_tokens == 500
+    with fleet.lock:
+        fleet.refresh(10.5)  # the whole answer's predicted first token has passed
+    assert node.prefill_tokens == 200 and node.tokens_in_flight == 500
+    with fleet.lock:
+        fleet.refresh(99.0)  # a streamed prompt counts until its first token, however long
+    assert node.prefill_tokens == 200
+    fleet.release(whole)
+    fleet.release(streamed)
+    assert node.prefill_tokens == 0 and node.tokens_in_flight == 0
+
+
 def test_the_learned_base_is_the_observed_ttft_less_what_routing_explained(
     tmp_path: typing.Any,
 ) -> None:

@@ -34,6 +34,8 @@ failure opens it again.
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -226,6 +228,9 @@ class Fleet:
         self._families = tuple(registry.families)
         self._priors = {name: _prior(name, acc) for name, acc in registry.families.items()}
         self._strategy_states: dict[str, StrategyState] = {}
+        # Whole-answer attempts still counted as prefilling: (predicted first token, seq, r).
+        self._prefill_due: list[tuple[float, int, Reservation]] = []
+        self._prefill_seq = itertools.count()
         # The routing index (zml.routing_index): one FamilyIndex per (model, family), and for
         # each node the (index, position) pairs to bring up to date when its state changes.
         self._family_indexes: dict[tuple[str, str], FamilyIndex] = {}
@@ -367,7 +372,11 @@ class Fleet:
     # --- state changes (callers hold self.lock when deciding + reserving) -------------------
 
     def refresh(self, now: float) -> None:
-        """Let degraded nodes' health recover with time (cheap: only degraded nodes)."""
+        """Let degraded nodes' health recover with time (cheap: only degraded nodes), and end
+        the prefill of whole-answer attempts whose predicted first token has passed."""
+        due = self._prefill_due
+        while due and due[0][0] <= now:
+            self._prefilled(heapq.heappop(due)[2])
         if not self._degraded:
             return
         for node in list(self._degraded):
@@ -387,9 +396,14 @@ class Fleet:
                 for ix, _ in self._memberships[node.id]:
                     ix.version += 1  # its health changed: routing's failing cache is stale
 
-    def reserve(self, node: NodeState, now: float, prompt_tokens: int = 0) -> Reservation:
+    def reserve(self, node: NodeState, now: float, prompt_tokens: int = 0,
+                prefill_by: float | None = None) -> Reservation:
         """Take a slot on ``node`` (call under :attr:`lock`, in the same critical section as
-        the routing decision); ``prompt_tokens`` is the request's prompt size."""
+        the routing decision); ``prompt_tokens`` is the request's prompt size.
+
+        ``prefill_by``: for an answer that comes whole (not streamed), whose first token the
+        client never sees, when to count its prompt as prefilled (its predicted TTFT); a
+        streamed attempt's prompt counts until :meth:`first_token`."""
         node.in_flight += 1
         node._update_load()
         tokens = prompt_tokens if prompt_tokens > 0 else 0
@@ -399,7 +413,10 @@ class Fleet:
         if trial:
             node.trial_in_flight = True
         self._touch(node)
-        return Reservation(node, now, trial, prompt_tokens=tokens, prefilling=tokens > 0)
+        reservation = Reservation(node, now, trial, prompt_tokens=tokens, prefilling=tokens > 0)
+        if tokens and prefill_by is not None:
+            heapq.heappush(self._prefill_due, (prefill_by, next(self._prefill_seq), reservation))
+        return reservation
 
     def first_token(self, reservation: Reservation) -> None:
         """The attempt holding ``reservation`` has its first token: its prompt is no longer
@@ -407,11 +424,15 @@ class Fleet:
         if not reservation.prefilling:
             return
         with self.lock:
-            if reservation.prefilling:
-                reservation.prefilling = False
-                node = reservation.node
-                node.prefill_tokens -= reservation.prompt_tokens
-                self._touch(node)
+            self._prefilled(reservation)
+
+    def _prefilled(self, reservation: Reservation) -> None:
+        # Under the lock: the reservation's prompt leaves its node's prefill_tokens (once).
+        if reservation.prefilling:
+            reservation.prefilling = False
+            node = reservation.node
+            node.prefill_tokens -= reservation.prompt_tokens
+            self._touch(node)
 
     def release(self, reservation: Reservation) -> bool:
         """Give the slot back; False if it was already released (so double release is safe)."""

@@ -70,7 +70,8 @@ time (EWMA) or ``PRIOR_SERVICE_MS``. ``prefill_tokens_per_s`` and the prior come
 fleet's ``family_prior(family)`` (the family's profile, see :mod:`zml.fleet`); a fleet without
 one gives ``PRIOR_TTFT_MS`` and no prefill term. ``prefill_tokens`` (the prompt tokens of this
 client's requests on the node that have no first token yet: a node prefills one prompt after
-another) is read when the node has it. ``load`` counts every request on the node, this
+another; a non-streamed request counts until its predicted TTFT has passed, see
+``Fleet.reserve``) is read when the node has it. ``load`` counts every request on the node, this
 client's in flight included (and what the node reported on ``/metrics``). Priors are the
 profile's idle figures, optimistic on purpose: an unobserved node ranks with or ahead of
 observed ones and is explored, not starved.

@@ -139,7 +139,10 @@ class Effects:
             if isinstance(decision, routing.NoRoute):
                 return decision
             node = cast("NodeState", decision.node)  # this fleet's own node
-            reservation = fleet.reserve(node, op.now, tokens)
+            # An answer that comes whole shows no first token: its prompt counts as
+            # prefilled once its predicted TTFT has passed.
+            prefill_by = None if req.stream else op.now + decision.predicted_ttft_ms / 1000.0
+            reservation = fleet.reserve(node, op.now, tokens, prefill_by)
             return Reserved(decision, reservation, decision_us)
 
     def notify(self, hook: str, view: CallView, kwargs: Mapping[str, Any]) -> Any:
