@@ -163,31 +163,43 @@ class Outcomes:
         self.cancelled += 1
 
 
+def stream_until_timeout(config: Path, kind: str, timeout: float,
+                         on_timeout: Any = None) -> Any:
+    """Stream from the hostile node with a client of ``kind`` until ``ZMLTimeoutError``; call
+    ``on_timeout()`` at once (before the node sends more), check the slot came back."""
+    if kind == "sync":
+        with zml.Client(config=config, probe_interval_s=None) as client:
+            stream = client.infer_stream(MODEL, MSGS, accelerator="EVIL", timeout=timeout)
+            with pytest.raises(zml.ZMLTimeoutError) as info:
+                for _ in stream:
+                    pass
+            if on_timeout is not None:
+                on_timeout()
+            assert client.fleet.in_flight == 0
+            return info.value
+
+    async def main() -> Any:
+        async with zml.AsyncClient(config=config, probe_interval_s=None) as client:
+            with pytest.raises(zml.ZMLTimeoutError) as info:
+                async for _ in client.infer_stream(MODEL, MSGS, accelerator="EVIL",
+                                                   timeout=timeout):
+                    pass
+            if on_timeout is not None:
+                on_timeout()
+            assert client.fleet.in_flight == 0
+            return info.value
+
+    return asyncio.run(main())
+
+
 @pytest.mark.parametrize("script", ["keepalive", "drip"])
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_node_that_keeps_talking_cannot_hold_a_stream_past_its_deadline(
         hostile: Any, script: str, kind: str) -> None:
     node, config, _ = hostile
     node.script = script
-    if kind == "sync":
-        with zml.Client(config=config) as client:
-            stream = client.infer_stream(MODEL, MSGS, accelerator="EVIL", timeout=1.5)
-            with pytest.raises(zml.ZMLTimeoutError) as info:
-                for _ in stream:
-                    pass
-            assert client.fleet.in_flight == 0
-    else:
-        async def main() -> Any:
-            async with zml.AsyncClient(config=config, probe_interval_s=None) as client:
-                with pytest.raises(zml.ZMLTimeoutError) as info:
-                    async for _ in client.infer_stream(MODEL, MSGS, accelerator="EVIL",
-                                                       timeout=1.5):
-                        pass
-                assert client.fleet.in_flight == 0
-                return info
-
-        info = asyncio.run(main())
-    assert "deadline" in str(info.value) and info.value.text.startswith("Hello")
+    error = stream_until_timeout(config, kind, 1.5)
+    assert "deadline" in str(error) and error.text.startswith("Hello")
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
@@ -196,30 +208,10 @@ def test_a_stream_ends_at_its_deadline_not_at_the_next_packet(hostile: Any, kind
     and before the second (at 3 s, not at the first read after it, 4 s)."""
     node, config, _ = hostile
     node.script = "slow-keepalive"
-
-    def check(info: Any) -> None:
-        assert node.keepalives == 1
-        assert "deadline" in str(info.value) and info.value.text == "Hello"
-
-    if kind == "sync":
-        with zml.Client(config=config, probe_interval_s=None) as client:
-            stream = client.infer_stream(MODEL, MSGS, accelerator="EVIL", timeout=3.0)
-            with pytest.raises(zml.ZMLTimeoutError) as info:
-                for _ in stream:
-                    pass
-            check(info)
-            assert client.fleet.in_flight == 0
-    else:
-        async def main() -> None:
-            async with zml.AsyncClient(config=config, probe_interval_s=None) as client:
-                with pytest.raises(zml.ZMLTimeoutError) as info:
-                    async for _ in client.infer_stream(MODEL, MSGS, accelerator="EVIL",
-                                                       timeout=3.0):
-                        pass
-                check(info)
-                assert client.fleet.in_flight == 0
-
-        asyncio.run(main())
+    sent: list[int] = []
+    error = stream_until_timeout(config, kind, 3.0, lambda: sent.append(node.keepalives))
+    assert sent == [1]
+    assert "deadline" in str(error) and error.text == "Hello"
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
