@@ -104,7 +104,8 @@ class Call:
     def first_token(self, step: Step) -> None:
         """The first chunk of ``step``'s answer arrived (failover is over from here)."""
         step.first_token_at = self.d.clock()
-        self.d.fleet.first_token(step.reservation)
+        if self.request.stream:  # a whole answer's slot (and prefill count) is released next
+            self.d.fleet.first_token(step.reservation)
 
     def idle_timeout(self) -> float | None:
         """A stream's read timeout once its answer started: ``idle``, within the deadline."""
