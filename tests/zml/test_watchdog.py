@@ -90,3 +90,21 @@ def test_ended_entries_do_not_pile_up() -> None:
         live.end()
     finally:
         dog.close()
+
+
+def test_a_dropped_client_stops_its_deadline_thread(tmp_path: Any) -> None:
+    import gc
+
+    import zml
+
+    config = tmp_path / "zml.toml"
+    config.write_text('[accelerators.H100]\n[[nodes]]\nid = "n"\nfamily = "H100"\n'
+                      'url = "http://127.0.0.1:9"\nmodels = ["m"]\nmax_concurrency = 1\n')
+    client = zml.Client(config=config, probe_interval_s=None)
+    client._watchdog.watch(time.monotonic() + 3600, object()).end()  # as a call would
+    thread = client._watchdog._thread
+    assert thread is not None and thread.is_alive()
+    del client
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()

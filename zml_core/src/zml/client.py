@@ -350,6 +350,8 @@ class Client(_BaseClient):
         self._probe_stop: threading.Event | None = None
         self._probe_interval_s = probe_interval_s
         self._watchdog = Watchdog(self._dispatcher.clock)
+        # A client dropped without close() must not leave its deadline thread behind.
+        weakref.finalize(self, self._watchdog.close)
 
     def start_probing(self, interval_s: float = 2.0) -> None:
         """Probe every node's ``/health`` and ``/metrics`` every ``interval_s`` seconds (the
