@@ -117,3 +117,62 @@ def test_client_plugins_are_per_client(make_driver: Any, recorder: Recorder) -> 
     assert recorder.events == []
     one.infer(policy="prod")
     assert recorder.names()[-1] == "completed"
+
+
+class Idle(Recorder):
+    """A recorder that is idle while ``idle`` is set (the ``zml_idle`` protocol)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.idle: bool | Exception = True
+
+    def zml_idle(self) -> bool:
+        if isinstance(self.idle, Exception):
+            raise self.idle
+        return self.idle
+
+
+def test_hooks_only_an_idle_plugin_implements_are_not_called(driver: Driver) -> None:
+    for hook in ("zml_request_started", "zml_request_routed", "zml_request_completed"):
+        for impl in driver.plugins.impls(hook):  # the built-in and installed ones (zml-redis)
+            driver.plugins.unregister(impl.plugin)
+    idle = Idle()
+    driver.plugins.register(idle, name="idle")
+    driver.infer(policy="prod")
+    assert idle.events == []
+    assert not driver.plugins.wanted("zml_request_started")
+    idle.idle = False
+    driver.infer(policy="prod")
+    assert idle.names() == ["started", "routed", "completed"]
+
+
+def test_an_idle_plugin_still_hears_what_another_plugin_wants(
+    driver: Driver, recorder: Recorder
+) -> None:
+    idle = Idle()
+    driver.plugins.register(idle, name="idle")
+    driver.plugins.register(recorder, name="recorder")
+    driver.infer(policy="prod")
+    assert recorder.names() == idle.names() == ["started", "routed", "completed"]
+
+
+def test_a_failing_idle_check_counts_as_not_idle_and_is_logged(
+    driver: Driver, caplog: pytest.LogCaptureFixture
+) -> None:
+    idle = Idle()
+    idle.idle = RuntimeError("boom in zml_idle")
+    driver.plugins.register(idle, name="idle")
+    with caplog.at_level(logging.WARNING, logger="zml.plugins"):
+        driver.infer(policy="prod")
+    assert idle.names() == ["started", "routed", "completed"]
+    assert "boom in zml_idle" in caplog.text and "idle" in caplog.text
+
+
+def test_the_builtin_otel_plugin_is_idle_without_a_provider(driver: Driver) -> None:
+    from zml.plugins.default.otel import OpenTelemetryPlugin
+
+    builtin = driver.plugins.get_plugin("zml.otel")
+    assert isinstance(builtin, OpenTelemetryPlugin)
+    assert builtin.zml_idle() is (not builtin.enabled())
+    explicit = OpenTelemetryPlugin(tracer_provider=object())  # type: ignore[arg-type]
+    assert explicit.zml_idle() is False

@@ -64,7 +64,7 @@ class Call:
         plus what plugins add through ``zml_request_headers`` (a trace context)."""
         base = self.d.node_headers.get(step.node.id, self.d.headers)
         pm = self.d.effects.plugins
-        if pm is None or not pm.impls("zml_request_headers"):
+        if pm is None or not pm.wanted("zml_request_headers"):
             return base
         added: dict[str, str] = {}
         pm.hook.zml_request_headers(call=self.view, routing=step.routing, headers=added,

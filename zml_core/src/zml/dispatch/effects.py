@@ -147,9 +147,10 @@ class Effects:
 
     def notify(self, hook: str, view: CallView, kwargs: Mapping[str, Any]) -> Any:
         """Call plugin hook ``hook`` through pluggy with the request's view, its metadata and
-        ``kwargs`` (nothing at all when no plugin implements it: the lookup is cached)."""
+        ``kwargs`` (nothing at all when no plugin implements it, or only idle ones do: see
+        :meth:`~zml.plugins.manager.PluginManager.wanted`)."""
         pm = self.plugins
-        if pm is None or not pm.impls(hook):
+        if pm is None or not pm.wanted(hook):
             return None
         return getattr(pm.hook, hook)(call=view, metadata=view.metadata, **kwargs)
 

@@ -36,6 +36,7 @@ from . import hookspecs
 __all__ = [
     "ENV_DISABLE_AUTOLOAD",
     "ENV_PLUGINS",
+    "IDLE_METHOD",
     "NOTIFICATION_HOOKS",
     "PluginManager",
     "client_manager",
@@ -57,6 +58,15 @@ be wrappers: those marked ``@notification`` in :mod:`.hookspecs`."""
 
 FLEET_HOOK = "zml_register_fleet_sources"
 
+IDLE_METHOD = "zml_idle"
+"""A plugin object may define ``zml_idle()`` (a plain method, not a hook): while it returns
+True, the plugin has nothing to do, and a notification hook whose every implementation belongs
+to an idle plugin is not called at all (pluggy's call costs a few microseconds per hook and
+request). An idle plugin may still receive notifications another plugin wants, and a request
+that started while the plugin was idle may reach it later in its life (after ``zml_idle()``
+turned False), so its hooks must tolerate a request they did not see start. The built-in
+OpenTelemetry plugin is idle while no OpenTelemetry provider is configured."""
+
 logger: logging.Logger = logging.getLogger("zml.plugins")
 
 
@@ -76,6 +86,7 @@ class PluginManager(pluggy.PluginManager):
         self.fleet_read = False
         """Set once a client has read the fleet sources (later fleet plugins are not used)."""
         self._impls: dict[str, tuple[pluggy.HookImpl, ...]] = {}
+        self._idle_checks: dict[str, tuple[Any, ...] | None] = {}
         self._reported: set[tuple[str, str]] = set()
         self._reported_lock = threading.Lock()
 
@@ -128,6 +139,40 @@ class PluginManager(pluggy.PluginManager):
                 self._impls[hook_name] = found
         return found
 
+    def wanted(self, hook_name: str) -> bool:
+        """Whether notifying ``hook_name`` now would reach a plugin that wants it: some
+        implementation's plugin is not idle (see :data:`IDLE_METHOD`). False when no plugin
+        implements the hook; then zml does not call it at all."""
+        try:
+            checks = self._idle_checks[hook_name]
+        except KeyError:
+            generation = self.generation
+            impls = self.impls(hook_name)
+            found: tuple[Any, ...] | None = ()
+            for impl in impls:
+                check = getattr(impl.plugin, IDLE_METHOD, None)
+                if not callable(check):
+                    found = None  # a plugin that is never idle: always call
+                    break
+                found += (check,)
+            if generation == self.generation:
+                self._idle_checks[hook_name] = found
+            checks = found
+        if checks is None:
+            return True
+        for idle in checks:
+            try:
+                if not idle():
+                    return True
+            except Exception as exc:  # a failing check counts as "not idle"
+                self.report(self._name_of(idle), IDLE_METHOD, exc)
+                return True
+        return False
+
+    def _name_of(self, check: Any) -> str:
+        owner = getattr(check, "__self__", check)
+        return self.get_name(owner) or repr(owner)
+
     def copy(self) -> PluginManager:
         """A new manager with the same plugins (and blocked names), in the same order."""
         pm = PluginManager()
@@ -140,6 +185,7 @@ class PluginManager(pluggy.PluginManager):
 
     def _changed(self) -> None:
         self._impls.clear()
+        self._idle_checks.clear()
         self.generation += 1
 
     def _validate(self, plugin: Any) -> None:

@@ -147,6 +147,11 @@ class OpenTelemetryPlugin:
             self._enabled = traced or measured
         return self._enabled
 
+    def zml_idle(self) -> bool:
+        """Idle (zml skips the hooks only this plugin implements) while not :meth:`enabled`:
+        every hook here acts only on a request whose start it recorded."""
+        return not self.enabled()
+
     # --- lazily fetched OpenTelemetry objects ------------------------------------------------
 
     @property
