@@ -259,9 +259,20 @@ def validate_messages(messages: object) -> list[dict[str, Any]]:
                 f"{type(content).__name__}",
                 param=f"messages[{i}].content",
             )
-        check_json(msg, f"messages[{i}]")
+        if not _plain(msg):
+            check_json(msg, f"messages[{i}]")
         out.append(dict(msg))
     return out
+
+
+def _plain(msg: Mapping[Any, Any]) -> bool:
+    # Only ASCII string keys and values (the common message): nothing check_json could refuse,
+    # so it skips the walk. (``isascii`` reads a flag of the string: no scan.)
+    for key, value in msg.items():
+        if type(key) is not str or type(value) is not str or not value.isascii() \
+                or not key.isascii():
+            return False
+    return True
 
 
 _MAPPING_PARAMS = {
@@ -288,6 +299,10 @@ def check_params(params: Mapping[str, Any]) -> None:
                 f"{key} must be a dict ({_MAPPING_PARAMS[key]}), got {type(value).__name__}",
                 param=key,
             )
+        kind = type(value)
+        if kind is int or kind is bool or value is None or (kind is str and value.isascii()) \
+                or (kind is float and math.isfinite(value)):
+            continue  # what check_json would pass at once, without the call
         check_json(value, key)
 
 
