@@ -1,13 +1,15 @@
-"""The sync deadline watchdog on real sockets: a blocked read returns when its deadline passes."""
+"""The deadline watchdogs (thread and event loop) on real sockets: a blocked read returns when
+its deadline passes."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
 from typing import Any
 
-from zml.watchdog import Watchdog
+from zml.watchdog import LoopWatchdog, Watchdog
 
 
 class _Stream:
@@ -86,7 +88,7 @@ def test_ended_entries_do_not_pile_up() -> None:
         for _ in range(1000):
             dog.watch(time.monotonic() + 3600, object()).end()
         live = dog.watch(time.monotonic() + 3600, object())
-        assert len(dog._heap) <= 2 * 1 + 64  # compacted as it grew
+        assert len(dog._heap.entries) <= 2 * 1 + 64  # compacted as it grew
         live.end()
     finally:
         dog.close()
@@ -108,3 +110,88 @@ def test_a_dropped_client_stops_its_deadline_thread(tmp_path: Any) -> None:
     gc.collect()
     thread.join(10)
     assert not thread.is_alive()
+
+
+# --- the event loop's watchdog ------------------------------------------------------------
+
+
+def test_the_loop_watchdog_ends_a_blocked_read_at_its_deadline() -> None:
+    a, b = socket.socketpair()
+    a.setblocking(False)
+
+    async def main() -> tuple[bytes, bool]:
+        dog = LoopWatchdog()
+        watch = dog.watch(time.monotonic() + 0.1, _Response(a))
+        got = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(a, 10), 10)
+        return got, watch.fired
+
+    try:
+        assert asyncio.run(main()) == (b"", True)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_loop_watchdog_skips_ended_watches_and_wakes_for_an_earlier_deadline() -> None:
+    pairs = [socket.socketpair() for _ in range(3)]
+    for a, _ in pairs:
+        a.setblocking(False)
+    (a1, b1), (a2, _), (a3, _) = pairs
+
+    async def main() -> None:
+        dog = LoopWatchdog()
+        far = dog.watch(time.monotonic() + 3600, _Response(a1))  # the timer is an hour away
+        ended = dog.watch(time.monotonic() + 0.05, _Response(a2))  # ... moved to this one
+        ended.end()
+        near = dog.watch(time.monotonic() + 0.1, _Response(a3))
+        loop = asyncio.get_running_loop()
+        assert await asyncio.wait_for(loop.sock_recv(a3, 10), 10) == b""
+        assert near.fired and not ended.fired and not far.fired
+        b1.sendall(b"x")
+        assert await loop.sock_recv(a1, 10) == b"x"  # the far one's socket is still open
+        far.end()
+        dog.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        for a, b in pairs:
+            a.close()
+            b.close()
+
+
+def test_the_loop_watchdog_follows_its_client_to_a_new_event_loop() -> None:
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    dog = LoopWatchdog()
+
+    async def first() -> None:
+        dog.watch(time.monotonic() + 0.05, object()).end()  # arms a timer on this loop
+
+    async def second() -> bool:
+        watch = dog.watch(time.monotonic() + 3600, _Response(a))
+        watch.end()
+        watch = dog.watch(time.monotonic() + 0.1, _Response(a))  # later than the first's
+        await asyncio.wait_for(asyncio.get_running_loop().sock_recv(a, 10), 10)
+        return watch.fired
+
+    try:
+        asyncio.run(first())
+        assert asyncio.run(second())
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_loop_watchdogs_ended_entries_do_not_pile_up() -> None:
+    async def main() -> int:
+        dog = LoopWatchdog()
+        for _ in range(1000):
+            dog.watch(time.monotonic() + 3600, object()).end()
+        live = dog.watch(time.monotonic() + 3600, object())
+        size = len(dog._heap.entries)
+        live.end()
+        dog.close()
+        return size
+
+    assert asyncio.run(main()) <= 2 * 1 + 64

@@ -46,7 +46,7 @@ from .transport import (
     still_sending,
 )
 from .types import ChatCompletion, RoutingInfo
-from .watchdog import TaskTimer, Watch, Watchdog
+from .watchdog import LoopWatchdog, Watch, Watchdog
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -534,6 +534,7 @@ class AsyncClient(_BaseClient):
         from .streaming import AsyncStream
 
         self._stream_type = AsyncStream
+        self._deadlines = LoopWatchdog(self._dispatcher.clock)
         self._prober = None if probe_interval_s is None else Prober(self.fleet, probe_interval_s)
 
     def _start_probing(self) -> None:
@@ -574,33 +575,29 @@ class AsyncClient(_BaseClient):
         ``async with``). See :meth:`Client.infer_stream`.
         """
         call = self._call(model, messages, policy, accelerator, params, True, metadata, timeout)
-        return self._stream_type(call, self._http, self._wait, self._start_probing)
+        return self._stream_type(call, self._http, self._wait, self._deadlines,
+                                 self._start_probing)
 
     async def _post(self, call: Call, step: Step) -> dict[str, Any]:
-        import asyncio
-
         node_id = step.node.id
         deadline = call.deadline
-        timer: TaskTimer | None = None
+        watch: Watch | None = None
         try:
             async with self._http.stream("POST", step.url, content=call.body,
                                          headers=call.headers_for(step),
                                          timeout=step.timeout) as r:
                 if deadline is not None:  # a dripped body cannot outlast the deadline
-                    timer = TaskTimer()
-                    timer.arm(deadline - call.d.clock())
-                    timer.reader = asyncio.current_task()
+                    watch = self._deadlines.watch(deadline, r)
                 content = await aread_body(r, node_id, deadline=deadline, clock=call.d.clock)
-        except httpx2.HTTPError as exc:
+        except (httpx2.HTTPError, NodeError) as exc:
+            if watch is not None and watch.fired:
+                raise still_sending(node_id) from exc
+            if isinstance(exc, NodeError):
+                raise
             raise map_transport_error(exc, node_id) from exc
-        except asyncio.CancelledError as exc:
-            if timer is not None and timer.own(exc):
-                raise still_sending(node_id) from None
-            raise
         finally:
-            if timer is not None:
-                timer.disarm()
-                timer.reader = None
+            if watch is not None:
+                watch.end()
         check_status(r.status_code, r.headers, content, node_id)
         call.first_token(step)
         return decode_completion(content, node_id)
@@ -636,6 +633,7 @@ class AsyncClient(_BaseClient):
         ``http_client``'s)."""
         if self._prober is not None:
             await self._prober.stop()
+        self._deadlines.close()
         self._dispatcher.close()
         if self._own_http:
             await self._http.aclose()

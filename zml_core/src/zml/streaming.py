@@ -19,22 +19,21 @@ response's own cleanup then runs on the event loop. A stream still held after ``
 open (it can be continued) until it is closed or dropped.
 
 Deadlines and progress. ``timeout``/``Timeouts.total`` is one wall-clock deadline for the whole
-call, enforced across reads whatever the node sends: async streams arm one timer per stream
-(the read in progress is interrupted when the deadline passes), both check the clock after
-every read. Progress for ``first_token`` is a chunk carrying content, a tool call, a refusal
+call, enforced across reads whatever the node sends: every stream is watched by its client's
+deadline watchdog (:mod:`zml.watchdog`), which shuts the socket down when the deadline passes,
+and both kinds check the clock after every read. Progress for ``first_token`` is a chunk carrying content, a tool call, a refusal
 or any other non-empty delta field, a finish_reason or usage; SSE comments (keep-alives),
 role-only and empty deltas are not, so a node that only keeps the connection busy fails over
 when ``first_token`` expires. ``idle`` bounds the silence between two reads: any bytes,
-comments included, count as liveness. Margins: an async stream ends within a few
-milliseconds of its deadline (event-loop latency); a sync stream is watched by its client's
-deadline thread (:mod:`zml.watchdog`), which shuts the socket down when the deadline passes, so
-it too ends within a few milliseconds of it (thread wake-up latency), however often the node
-sends; ``benchmarks/deadline_margin.py`` measures both.
+comments included, count as liveness. An async stream's wait for its first token is watched
+the same way (until ``first_token`` or the deadline, the earlier). Margins: a stream ends
+within a few milliseconds of its deadline (event-loop latency for an async one, the deadline
+thread's wake-up for a sync one), however often the node sends;
+``benchmarks/deadline_margin.py`` measures both.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -46,7 +45,7 @@ from .errors import NodeConnectionError, NodeError, NodeProtocolError, NodeTimeo
 from .sse import EventSplitter, StreamDecoder
 from .transport import check_status, map_transport_error
 from .types import ChatCompletionChunk, RoutingInfo, Usage
-from .watchdog import TaskTimer, Watch, Watchdog, shutdown_socket
+from .watchdog import LoopWatchdog, Watch, Watchdog, shutdown_socket
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -61,7 +60,7 @@ _NEW, _OPEN, _ENDED = 0, 1, 2
 
 
 class _Expired(Exception):
-    """The stream's timer fired during a read (internal; mapped to a timeout error)."""
+    """The stream's deadline passed (internal; mapped to a timeout error)."""
 
 
 class _Attempt:
@@ -84,7 +83,7 @@ class _Attempt:
         self.first_by = None if first is None else step.sent_at + first
         self.deadline = call.deadline
         self.watch: Watch | None = None
-        """The sync client's watchdog entry for this response (see :mod:`zml.watchdog`)."""
+        """The client's watchdog entry for this response (see :mod:`zml.watchdog`)."""
 
     def expired(self) -> bool:
         """Whether the watchdog shut the response down at the request's deadline."""
@@ -218,15 +217,14 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
 
 
 async def _open_async(call: Call, http: httpx2.AsyncClient,
-                      wait: Callable[[Wait], Awaitable[None]], watch: TaskTimer
+                      wait: Callable[[Wait], Awaitable[None]], deadlines: LoopWatchdog
                       ) -> tuple[_Attempt, list[ChatCompletionChunk]]:
-    """:func:`_open_sync` for the async client; ``watch`` bounds the wait for the first token."""
+    """:func:`_open_sync` for the async client; the wait for the first token is watched too
+    (until ``first_token`` or the deadline, the earlier), then the deadline."""
 
     async def attempt(step: Step) -> tuple[_Attempt, list[ChatCompletionChunk]]:
         op = _Attempt(call, step)
         clock = call.d.clock
-        watch.disarm()
-        watch.expired = False
         try:
             request = http.build_request("POST", step.url, content=call.body,
                                          headers=call.headers_for(step), timeout=step.timeout)
@@ -239,13 +237,13 @@ async def _open_async(call: Call, http: httpx2.AsyncClient,
             op.body = body = response.aiter_bytes()
             until = op.opening_until()
             if until is not None:
-                watch.arm(until - clock())
+                op.watch = deadlines.watch(until, response)
             ready: list[ChatCompletionChunk] = []
-            while op.feed(await _read(body, watch), ready, clock):
+            while op.feed(await _read(body), ready, clock):
                 pass
             return op, ready
         except BaseException as exc:
-            watch.disarm()
+            op.unwatch()
             if op.response is not None:
                 await op.response.aclose()
             err = op.error(exc)
@@ -256,28 +254,18 @@ async def _open_async(call: Call, http: httpx2.AsyncClient,
     step, opened = await adrive(call, wait, attempt)
     call.first_token(step)
     op = opened[0]
-    if op.deadline is None:
-        watch.disarm()
-    elif op.first_by is not None and op.first_by < op.deadline:
-        watch.arm(op.deadline - call.d.clock())
+    if op.first_by is not None and (op.deadline is None or op.first_by < op.deadline):
+        op.unwatch()  # the first token came: from now on the deadline alone
+        op.watch = None if op.deadline is None else deadlines.watch(op.deadline, op.response)
     return opened
 
 
-async def _read(body: AsyncIterator[bytes], watch: TaskTimer) -> bytes | None:
-    """The next read of a response body (None at its end), interruptible by ``watch``."""
-    if watch.expired:
-        raise _Expired
-    watch.reader = asyncio.current_task()
+async def _read(body: AsyncIterator[bytes]) -> bytes | None:
+    """The next read of a response body (None at its end)."""
     try:
         return await body.__anext__()
     except StopAsyncIteration:
         return None
-    except asyncio.CancelledError as exc:
-        if watch.own(exc):
-            raise _Expired from None
-        raise
-    finally:
-        watch.reader = None
 
 
 class _Base:
@@ -487,25 +475,24 @@ class AsyncStream(_Base):
     module's docs for its lifetime and deadlines.
     """
 
-    __slots__ = ("_http", "_on_start", "_wait", "_watch")
+    __slots__ = ("_deadlines", "_http", "_on_start", "_wait")
 
-    def __init__(self, call: Call, http: httpx2.AsyncClient,
-                 wait: Callable[[Wait], Any], on_start: Callable[[], None] | None = None) -> None:
+    def __init__(self, call: Call, http: httpx2.AsyncClient, wait: Callable[[Wait], Any],
+                 deadlines: LoopWatchdog, on_start: Callable[[], None] | None = None) -> None:
         self._call = call
         self._http = http
         self._wait = wait
+        self._deadlines = deadlines
         self._on_start = on_start
         self._op = None
         self._phase = _NEW
         self._ready = []
-        self._watch = TaskTimer()
 
     def __del__(self) -> None:
         # Dropped before its end: free the slot and shut the connection down at once. Never
         # awaits: the response's async cleanup is left to the event loop (its body generator's
         # finalizer), after the node has already seen the disconnect.
         if getattr(self, "_phase", _ENDED) != _ENDED and self._end():
-            self._watch.disarm()
             op = self._op
             if op is not None and op.response is not None:
                 shutdown_socket(op.response)
@@ -514,7 +501,7 @@ class AsyncStream(_Base):
         if self._on_start is not None:
             self._on_start()
         try:
-            opened = await _open_async(self._call, self._http, self._wait, self._watch)
+            opened = await _open_async(self._call, self._http, self._wait, self._deadlines)
         except BaseException:
             self._phase = _ENDED  # the driver ended the call
             raise
@@ -535,19 +522,19 @@ class AsyncStream(_Base):
                 return self._ready.pop()
         op = self._op
         assert op is not None
-        watch = self._watch
         try:
             body = op.body
             while not op.decoder.done:
-                data = await _read(body, watch)
-                if data is None:
+                try:
+                    data = await body.__anext__()
+                except StopAsyncIteration:
                     break
                 chunk = self._take(data)
                 if chunk is not None:
                     return chunk
             op.decoder.finish()
             if op.decoder.done:
-                await self._drain(body)
+                await self._drain(op, body)
         except BaseException as exc:
             err = self._failure(exc)
             await self._close()
@@ -558,17 +545,17 @@ class AsyncStream(_Base):
         await self._close()
         raise StopAsyncIteration
 
-    async def _drain(self, body: AsyncIterator[bytes]) -> None:
+    async def _drain(self, op: _Attempt, body: AsyncIterator[bytes]) -> None:
         """Read the end of the response after ``[DONE]`` (at most :data:`DRAIN_S`)."""
-        watch = self._watch
-        watch.arm(DRAIN_S)
-        with contextlib.suppress(_Expired, httpx2.HTTPError):
-            await _read(body, watch)
+        op.unwatch()
+        op.watch = self._deadlines.watch(self._call.d.clock() + DRAIN_S, op.response)
+        with contextlib.suppress(httpx2.HTTPError):
+            await _read(body)
 
     async def _close(self) -> None:
-        self._watch.disarm()
         op = self._op
         if op is not None:
+            op.unwatch()
             op.body = None
             if op.response is not None:
                 await op.response.aclose()

@@ -1,22 +1,22 @@
-"""Deadline timers: a read never outlives its call's deadline, whatever the node sends.
+"""Deadline watchdogs: a read never outlives its call's deadline, whatever the node sends.
 
-A sync call reads from its socket in the caller's thread, and a socket timeout bounds one read,
-not the call: a node that sends a byte (or an SSE keep-alive) just often enough keeps every read
-short and the call alive past its deadline. An async call arms a timer on its event loop; a
-sync one has no loop, so each :class:`zml.Client` has one :class:`Watchdog`: a daemon thread,
-started on the first call that needs it, that wakes at the earliest deadline it holds and shuts
-down the socket of every response still watched then. The blocked read returns at once (an
-error or the end of the body), and the reader, seeing the deadline passed, raises
-``ZMLTimeoutError``. So a sync call ends within a few milliseconds of its deadline (thread
-wake-up latency), whatever the node sends.
+A socket timeout bounds one read, not the call: a node that sends a byte (or an SSE keep-alive)
+just often enough keeps every read short and the call alive past its deadline. So each client
+keeps its calls' deadlines in a watchdog, which at a deadline shuts down the socket of every
+response still watched: the blocked read returns at once (an error or the end of the body),
+and the reader, seeing ``watch.fired``, raises ``ZMLTimeoutError``.
 
-:class:`TaskTimer` is the async clients' counterpart: a timer on the event loop that cancels
-the task reading (a stream's, or a non-streamed call's body read) when the deadline passes.
+* :class:`Watchdog` (one per :class:`zml.Client`): a daemon thread, started on the first call
+  that needs it, that wakes at the earliest deadline it holds. A sync call ends within a few
+  milliseconds of its deadline (thread wake-up latency).
+* :class:`LoopWatchdog` (one per :class:`zml.AsyncClient`): one timer on the event loop at the
+  earliest deadline, moved only for an earlier one. An async call ends within a few
+  milliseconds of its deadline (event-loop latency).
 
-Cost per call: one lock, one heap push, and a notification only when the new deadline is the
-earliest; ending a call marks its entry done (no search). Entries of ended calls are dropped
-when their deadline comes or when the heap holds more ended entries than live ones. (A timer
-on the loop costs one ``call_later``.)
+Cost per call: one heap push (and, for the thread, one lock and a notification only when the
+new deadline is the earliest); ending a call marks its entry done (no search). Entries of ended
+calls are dropped when their deadline comes or when the heap holds more ended entries than
+live ones.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import math
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # asyncio is imported only by the async code paths (import time)
     import asyncio
 
-__all__ = ["TaskTimer", "Watch", "Watchdog", "shutdown_socket"]
+__all__ = ["LoopWatchdog", "Watch", "Watchdog", "shutdown_socket"]
 
 
 def shutdown_socket(response: Any) -> None:
@@ -49,25 +49,66 @@ def shutdown_socket(response: Any) -> None:
 
 
 class Watch:
-    """One watched response: :meth:`Watchdog.end` (or :meth:`end`) it once the call is over."""
+    """One watched response: :meth:`end` it once the call (or its read) is over."""
 
-    __slots__ = ("deadline", "dog", "fired", "response", "seq")
+    __slots__ = ("deadline", "dog", "fired", "response")
 
-    def __init__(self, dog: Watchdog, deadline: float, seq: int, response: Any) -> None:
-        self.dog: Watchdog = dog
+    def __init__(self, dog: Watchdog | LoopWatchdog, deadline: float, response: Any) -> None:
+        self.dog: Watchdog | LoopWatchdog = dog
         self.deadline: float = deadline
-        self.seq: int = seq
         self.response: Any = response
         """None once ended (the entry no longer keeps the response alive)."""
         self.fired: bool = False
         """True when the watchdog shut the response down at its deadline."""
 
-    def __lt__(self, other: Watch) -> bool:
-        return (self.deadline, self.seq) < (other.deadline, other.seq)
-
     def end(self) -> None:
         """The call is over (or its read is): stop watching its response."""
         self.dog.end(self)
+
+
+class _Heap:
+    """Deadline entries ``(deadline, seq, watch)`` in a heap (compared in C), and how many
+    are live; ended entries are dropped when they come first or outnumber the live ones."""
+
+    __slots__ = ("entries", "live", "seq")
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[float, int, Watch]] = []
+        self.live = 0
+        self.seq = itertools.count()
+
+    def push(self, entry: Watch) -> bool:
+        """Add ``entry``; whether it is now the earliest."""
+        entries = self.entries
+        earliest = not entries or entry.deadline < entries[0][0]
+        heapq.heappush(entries, (entry.deadline, next(self.seq), entry))
+        self.live += 1
+        if len(entries) > 64 and len(entries) > 2 * self.live:
+            self.entries = entries = [e for e in entries if e[2].response is not None]
+            heapq.heapify(entries)
+        return earliest
+
+    def end(self, entry: Watch) -> None:
+        if entry.response is not None:
+            entry.response = None
+            self.live -= 1
+
+    def due(self, now: float) -> float | None:
+        """Shut down every live entry due at ``now``; the next live deadline (None: none)."""
+        entries = self.entries
+        while entries:
+            deadline, _, first = entries[0]
+            if first.response is None:
+                heapq.heappop(entries)
+                continue
+            if deadline > now:
+                return deadline
+            heapq.heappop(entries)
+            response, first.response = first.response, None
+            self.live -= 1
+            first.fired = True
+            shutdown_socket(response)
+        return None
 
 
 class Watchdog:
@@ -79,23 +120,15 @@ class Watchdog:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
-        self._heap: list[Watch] = []
-        self._live = 0
-        self._seq = itertools.count()
+        self._heap = _Heap()
         self._thread: threading.Thread | None = None
         self._closed = False
 
     def watch(self, deadline: float, response: Any) -> Watch:
         """Shut ``response``'s socket down at ``deadline`` unless the watch ended before."""
+        entry = Watch(self, deadline, response)
         with self._cond:
-            entry = Watch(self, deadline, next(self._seq), response)
-            heap = self._heap
-            earliest = not heap or entry < heap[0]
-            heapq.heappush(heap, entry)
-            self._live += 1
-            if len(heap) > 64 and len(heap) > 2 * self._live:
-                self._heap = heap = [e for e in heap if e.response is not None]
-                heapq.heapify(heap)
+            earliest = self._heap.push(entry)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="zml-deadlines",
                                                 daemon=True)
@@ -109,9 +142,7 @@ class Watchdog:
         if entry.response is None:
             return
         with self._cond:
-            if entry.response is not None:
-                entry.response = None
-                self._live -= 1
+            self._heap.end(entry)
 
     def close(self) -> None:
         """Stop the thread; responses still watched are left to their own timeouts."""
@@ -124,69 +155,64 @@ class Watchdog:
         clock = self._clock
         with cond:
             while not self._closed:
-                heap = self._heap
-                if not heap:
+                following = self._heap.due(clock())
+                if following is None:
                     cond.wait()
-                    continue
-                first = heap[0]
-                if first.response is None:
-                    heapq.heappop(heap)
-                    continue
-                delay = first.deadline - clock()
-                if delay > 0:
-                    cond.wait(delay)
-                    continue
-                heapq.heappop(heap)
-                response, first.response = first.response, None
-                self._live -= 1
-                first.fired = True
-                shutdown_socket(response)
+                else:
+                    cond.wait(max(0.0, following - clock()))
 
 
-class TaskTimer:
-    """An async call's deadline timer: interrupts the read in progress when it fires.
+class LoopWatchdog:
+    """The async clients' :class:`Watchdog`: the same watches, kept by the event loop.
 
-    The async counterpart of :class:`Watchdog`, on the event loop. Held by the stream (or the
-    call) and by the loop's timer, never referring back to the stream, so a dropped stream is
-    collected at once. Between reads ``reader`` is None and a firing timer only marks it
-    expired (the next read raises).
+    One per :class:`zml.AsyncClient`. It keeps a single loop timer, at the earliest deadline it
+    holds, and moves it only for an earlier one: a call costs a heap push (no ``call_later``,
+    whose cancelled handles would pile up in the loop's own timer heap), and its end marks the
+    entry. At a deadline the socket of every response still watched is shut down, so the read
+    in progress returns at once, and the reader, seeing ``watch.fired``, raises
+    ``ZMLTimeoutError``. Not thread-safe: used from its client's event loop (ending a watch,
+    which a finalizer may do from elsewhere, only marks it).
     """
 
-    __slots__ = ("expired", "handle", "reader")
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._heap = _Heap()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._loop: asyncio.AbstractEventLoop | None = None
 
-    def __init__(self) -> None:
-        self.expired: bool = False
-        self.reader: asyncio.Task[Any] | None = None
-        self.handle: asyncio.TimerHandle | None = None
-
-    def arm(self, delay: float) -> None:
-        """Fire in ``delay`` seconds (re-arming replaces the previous deadline)."""
+    def watch(self, deadline: float, response: Any) -> Watch:
+        """Shut ``response``'s socket down at ``deadline`` unless the watch ended before."""
         from asyncio import get_running_loop
 
-        self.disarm()
-        self.expired = False
-        self.handle = get_running_loop().call_later(max(0.0, delay), self._fire)
+        entry = Watch(self, deadline, response)
+        self._heap.push(entry)
+        loop = get_running_loop()
+        if deadline < self._timer_at or loop is not self._loop:
+            self._arm(loop, deadline)
+        return entry
 
-    def disarm(self) -> None:
-        """Do not fire."""
-        handle = self.handle
-        if handle is not None:
-            self.handle = None
-            handle.cancel()
+    def end(self, entry: Watch) -> None:
+        """Stop watching ``entry`` (idempotent)."""
+        self._heap.end(entry)
+
+    def close(self) -> None:
+        """Stop the timer; responses still watched are left to their own timeouts."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = math.inf
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._loop = loop
+        self._timer_at = when
+        self._timer = loop.call_later(max(0.0, when - self._clock()), self._fire)
 
     def _fire(self) -> None:
-        self.handle = None
-        self.expired = True
-        reader = self.reader
-        if reader is not None:
-            reader.cancel()
-
-    def own(self, exc: asyncio.CancelledError) -> bool:
-        """Whether a CancelledError in a read came from this timer (and only from it)."""
-        reader = self.reader
-        if not self.expired or reader is None:
-            return False
-        if sys.version_info >= (3, 11):
-            reader.uncancel()
-            return reader.cancelling() == 0
-        return True
+        self._timer = None
+        self._timer_at = math.inf
+        following = self._heap.due(self._clock())
+        if following is not None and self._loop is not None and not self._loop.is_closed():
+            self._arm(self._loop, following)
