@@ -323,15 +323,22 @@ class _Base:
         deadline = op.deadline
         if deadline is not None and self._call.d.clock() >= deadline:
             raise _Expired
+        events = op.splitter.feed(data)
+        if not events:
+            return None
+        if len(events) == 1:  # the common read: one event, decoded without a list
+            return op.decoder.feed(events[0])  # None for [DONE]
         chunks: list[ChatCompletionChunk] = []
-        op.take(data, chunks)
+        for payload in events:
+            chunk = op.decoder.feed(payload)
+            if chunk is None:
+                break
+            chunks.append(chunk)
         if not chunks:
             return None
-        if len(chunks) > 1:
-            chunks.reverse()
-            self._ready = chunks
-            return chunks.pop()
-        return chunks[0]
+        chunks.reverse()
+        self._ready = chunks
+        return chunks.pop()
 
     def _end(self, error: BaseException | None = None, *, complete: bool = False) -> bool:
         """End the call once (False if it had ended): success, an error, or walking away.

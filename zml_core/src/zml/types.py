@@ -286,12 +286,6 @@ def _tool_call_delta(tc: object, where: str) -> ChoiceDeltaToolCall:
     })
 
 
-def _fingerprint(value: object) -> str | None:
-    if value is not None and type(value) is not str:
-        raise _bad("system_fingerprint", value, "a string or null")
-    return value
-
-
 def _usage(usage: object) -> Usage:
     if type(usage) is not dict:
         raise _bad("usage", usage, "an object or null")
@@ -323,12 +317,16 @@ def _choice(c: object, i: int) -> ChunkChoice:
             raise _bad(f"choices[{i}].delta.tool_calls", calls, "a list or null")
         tool_calls = [_tool_call_delta(tc, f"choices[{i}].delta.tool_calls[{j}]")
                       for j, tc in enumerate(calls)]
+    refusal = d.get("refusal")
+    if refusal is not None and type(refusal) is not str:
+        raise _bad(f"choices[{i}].delta.refusal", refusal, "a string or null")
+    # (the checks are spelled out, not calls: this runs for every chunk)
     delta = trusted(ChoiceDelta, {
         "role": role,
         "content": content,
         "tool_calls": tool_calls,
-        "refusal": _text(d.get("refusal"), f"choices[{i}].delta.refusal"),
-    }, _extra(d, _DELTA_FIELDS))
+        "refusal": refusal,
+    }, None if _DELTA_FIELDS.issuperset(d) else _extra(d, _DELTA_FIELDS))
     reason = c.get("finish_reason")
     if reason is not None and type(reason) is not str:
         raise _bad(f"choices[{i}].finish_reason", reason, "a string or null")
@@ -340,7 +338,7 @@ def _choice(c: object, i: int) -> ChunkChoice:
         "delta": delta,
         "finish_reason": reason,
         "logprobs": c.get("logprobs"),
-    }, _extra(c, _CHOICE_FIELDS))
+    }, None if _CHOICE_FIELDS.issuperset(c) else _extra(c, _CHOICE_FIELDS))
 
 
 def build_chunk(data: dict[str, Any], routing: RoutingInfo) -> ChatCompletionChunk:
@@ -355,7 +353,8 @@ def build_chunk(data: dict[str, Any], routing: RoutingInfo) -> ChatCompletionChu
     if type(raw) is not list:
         raise _bad("choices", raw, "a list") if "choices" in data \
             else MalformedChunk("it has no 'choices'")
-    choices = [_choice(c, i) for i, c in enumerate(raw)]
+    choices = [_choice(raw[0], 0)] if len(raw) == 1 \
+        else [_choice(c, i) for i, c in enumerate(raw)]
     usage = data.get("usage")
     cid = data.get("id", "")
     if type(cid) is not str:
@@ -366,13 +365,19 @@ def build_chunk(data: dict[str, Any], routing: RoutingInfo) -> ChatCompletionChu
     obj = data.get("object", "chat.completion.chunk")
     if type(obj) is not str:
         raise _bad("object", obj, "a string")
+    created = data.get("created")
+    if type(created) is not int:
+        created = _count(created, "created")
+    fingerprint = data.get("system_fingerprint")
+    if fingerprint is not None and type(fingerprint) is not str:
+        raise _bad("system_fingerprint", fingerprint, "a string or null")
     return trusted(ChatCompletionChunk, {
         "id": cid,
         "object": obj,
-        "created": _count(data.get("created"), "created"),
+        "created": created,
         "model": model,
         "choices": choices,
         "usage": None if usage is None or usage == {} else _usage(usage),
-        "system_fingerprint": _fingerprint(data.get("system_fingerprint")),
+        "system_fingerprint": fingerprint,
         "routing": routing,
-    }, _extra(data, _CHUNK_FIELDS))
+    }, None if _CHUNK_FIELDS.issuperset(data) else _extra(data, _CHUNK_FIELDS))
