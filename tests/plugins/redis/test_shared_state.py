@@ -55,6 +55,23 @@ def test_without_url_the_plugin_does_nothing(sim_fleet: Callable[..., Any],
         assert client.infer(model=MODEL, messages=MSG, policy="p").routing.node_id
 
 
+def test_the_plugin_is_idle_until_a_client_has_a_redis_ledger(redis_env: Settings) -> None:
+    # In a fresh interpreter: this test module imports the ledger itself.
+    code = ("import zml_redis.plugin as p\nidle = p.zml_idle()\n"
+            "import zml\nzml.Client(config=None).close()\nstill = p.zml_idle()\n"
+            "from zml.plugins.manager import PluginManager\npm = PluginManager()\n"
+            "pm.register(p, 'redis')\nwanted = pm.wanted('zml_request_completed')\n"
+            "print(idle, still, wanted)\n")
+    env = {k: v for k, v in os.environ.items() if k != "ZML_REDIS_URL"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["True", "True", "False"]
+    env["ZML_REDIS_URL"] = redis_env.url
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["True", "False", "True"]  # a client with a Redis ledger
+
+
 def test_leases_cap_a_node_across_ledgers_and_come_back_on_release(
     sim_fleet: Callable[..., Any], redis_env: Settings, redis_server: RedisServer
 ) -> None:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "reset",
     "zml_attempt_failed",
+    "zml_idle",
     "zml_register_commands",
     "zml_register_policy_sources",
     "zml_request_completed",
@@ -99,6 +100,13 @@ def zml_register_policy_sources(register: Callable[[PolicySource], None]) -> Non
     hub = _hub()
     if hub is not None:
         register(_source(hub))
+
+
+def zml_idle() -> bool:
+    """Idle while no client of this process has a Redis ledger (none was built: the ledger
+    module is not even imported): then every notification hook here has nothing to do, and
+    zml skips the hooks only idle plugins implement (see ``zml.plugins.manager.IDLE_METHOD``)."""
+    return "zml_redis.ledger" not in sys.modules
 
 
 def _hub_of(call: Call) -> Hub | None:
