@@ -201,7 +201,7 @@ def test_a_stalled_non_streamed_attempt_leaves_time_to_fail_over() -> None:
 
     def answer(step: Step) -> object:
         assert step.timeout is not None
-        seen.append(step.timeout.read)
+        seen.append(step.timeout["read"])
         return unavailable() if len(seen) == 1 else {"ok": 1}
 
     h.run(h.call(timeout=9.0), answer)

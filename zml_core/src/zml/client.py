@@ -451,7 +451,8 @@ class Client(_BaseClient):
         watch: Watch | None = None
         try:
             with self._http.stream("POST", step.url, content=call.body,
-                                   headers=call.headers_for(step), timeout=step.timeout) as r:
+                                   headers=call.headers_for(step),
+                                   extensions={"timeout": step.timeout}) as r:
                 if deadline is not None:  # a dripped body cannot outlast the deadline
                     watch = self._watchdog.watch(deadline, r)
                 content = read_body(r, node_id, deadline=deadline, clock=call.d.clock)
@@ -585,7 +586,7 @@ class AsyncClient(_BaseClient):
         try:
             async with self._http.stream("POST", step.url, content=call.body,
                                          headers=call.headers_for(step),
-                                         timeout=step.timeout) as r:
+                                         extensions={"timeout": step.timeout}) as r:
                 if deadline is not None:  # a dripped body cannot outlast the deadline
                     watch = self._deadlines.watch(deadline, r)
                 content = await aread_body(r, node_id, deadline=deadline, clock=call.d.clock)

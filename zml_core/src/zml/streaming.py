@@ -21,11 +21,11 @@ open (it can be continued) until it is closed or dropped.
 Deadlines and progress. ``timeout``/``Timeouts.total`` is one wall-clock deadline for the whole
 call, enforced across reads whatever the node sends: every stream is watched by its client's
 deadline watchdog (:mod:`zml.watchdog`), which shuts the socket down when the deadline passes,
-and both kinds check the clock after every read. Progress for ``first_token`` is a chunk carrying content, a tool call, a refusal
-or any other non-empty delta field, a finish_reason or usage; SSE comments (keep-alives),
-role-only and empty deltas are not, so a node that only keeps the connection busy fails over
-when ``first_token`` expires. ``idle`` bounds the silence between two reads: any bytes,
-comments included, count as liveness. An async stream's wait for its first token is watched
+and both kinds check the clock after every read. Progress for ``first_token`` is a chunk
+carrying content, a tool call, a refusal or any other non-empty delta field, a finish_reason or
+usage; SSE comments (keep-alives), role-only and empty deltas are not, so a node that only
+keeps the connection busy fails over when ``first_token`` expires. ``idle`` bounds the silence
+between two reads: any bytes, comments included, count as liveness. An async stream's wait for its first token is watched
 the same way (until ``first_token`` or the deadline, the earlier). Margins: a stream ends
 within a few milliseconds of its deadline (event-loop latency for an async one, the deadline
 thread's wake-up for a sync one), however often the node sends;
@@ -188,7 +188,8 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
         clock = call.d.clock
         try:
             request = http.build_request("POST", step.url, content=call.body,
-                                         headers=call.headers_for(step), timeout=step.timeout)
+                                         headers=call.headers_for(step),
+                                         extensions={"timeout": step.timeout})
             op.response = response = http.send(request, stream=True)
             if op.deadline is not None:
                 op.watch = watchdog.watch(op.deadline, response)
@@ -227,7 +228,8 @@ async def _open_async(call: Call, http: httpx2.AsyncClient,
         clock = call.d.clock
         try:
             request = http.build_request("POST", step.url, content=call.body,
-                                         headers=call.headers_for(step), timeout=step.timeout)
+                                         headers=call.headers_for(step),
+                                         extensions={"timeout": step.timeout})
             op.response = response = await http.send(request, stream=True)
             if response.status_code >= 400:
                 await response.aread()

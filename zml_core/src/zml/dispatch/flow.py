@@ -36,8 +36,6 @@ import math
 from collections.abc import Generator, Mapping
 from typing import Any, NamedTuple
 
-import httpx2
-
 from .. import routing
 from ..errors import NodeError, RateLimitError, RoutingError, ZMLError, ZMLTimeoutError
 from ..transport import RETRY_AFTER_MAX_S
@@ -179,8 +177,9 @@ def _step(req: Request, rec: Record, reserved: Reserved, now: float,
 
 
 def _attempt_timeout(req: Request, rec: Record, now: float, settings: FlowSettings,
-                     alternatives: bool) -> httpx2.Timeout:
-    """Per-attempt transport timeouts, none beyond the overall deadline.
+                     alternatives: bool) -> dict[str, float | None]:
+    """Per-attempt transport timeouts, none beyond the overall deadline, as the ``timeout``
+    request extension httpx2 reads (``connect``, ``read``, ``write``, ``pool`` seconds).
 
     A stream's read timeout bounds the wait for its answer to start (``first_token``, else
     ``idle``); once it started, the stream switches to :func:`idle_timeout`. A non-streamed
@@ -206,9 +205,8 @@ def _attempt_timeout(req: Request, rec: Record, now: float, settings: FlowSettin
         read = remaining / left
     else:
         read = None
-    return httpx2.Timeout(
-        connect=cap(t.connect), read=cap(read), write=cap(t.connect), pool=cap(t.connect)
-    )
+    connect = cap(t.connect)
+    return {"connect": connect, "read": cap(read), "write": connect, "pool": connect}
 
 
 def idle_timeout(req: Request, now: float) -> float | None:

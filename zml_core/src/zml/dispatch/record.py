@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    import httpx2
 
     from ..errors import NodeError
     from ..fleet import NodeState, Reservation
@@ -33,7 +32,9 @@ class ResponseSummary(NamedTuple):
 class Step:
     """One attempt: the request goes to ``node``, whose slot ``reservation`` holds.
 
-    ``timeout`` is the attempt's transport timeout (none beyond the overall deadline);
+    ``timeout`` is the attempt's transport timeout (none beyond the overall deadline), the
+    ``timeout`` request extension itself (a stream's read timeout changes in it once its
+    answer started);
     ``sent_at`` and ``first_token_at`` are set as the attempt goes (the dispatcher's clock).
     """
 
@@ -41,7 +42,7 @@ class Step:
     reservation: Reservation
     routing: RoutingInfo
     url: str
-    timeout: httpx2.Timeout | None
+    timeout: dict[str, float | None]
     sent_at: float = 0.0
     first_token_at: float | None = None
     explained_ms: float = 0.0

@@ -148,13 +148,10 @@ class PluginManager(pluggy.PluginManager):
         except KeyError:
             generation = self.generation
             impls = self.impls(hook_name)
-            found: tuple[Any, ...] | None = ()
-            for impl in impls:
-                check = getattr(impl.plugin, IDLE_METHOD, None)
-                if not callable(check):
-                    found = None  # a plugin that is never idle: always call
-                    break
-                found += (check,)
+            found: tuple[Any, ...] | None = None  # None: some plugin is never idle
+            checks_found = [getattr(impl.plugin, IDLE_METHOD, None) for impl in impls]
+            if all(callable(check) for check in checks_found):
+                found = tuple(checks_found)
             if generation == self.generation:
                 self._idle_checks[hook_name] = found
             checks = found
