@@ -194,7 +194,7 @@ moves both sides of a round, not the ratio)."""
 
 def _figures(zs: list[float], bs: list[float]) -> Figures:
     return (statistics.median(zs), statistics.median(bs),
-            statistics.median(z / b for z, b in zip(zs, bs)))
+            statistics.median(z / b for z, b in zip(zs, bs, strict=True)))
 
 
 async def _pair(config: Path, mode: str, n: int, concurrency: int, rounds: int) -> Figures:

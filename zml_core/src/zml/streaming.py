@@ -25,10 +25,10 @@ and both kinds check the clock after every read. Progress for ``first_token`` is
 carrying content, a tool call, a refusal or any other non-empty delta field, a finish_reason or
 usage; SSE comments (keep-alives), role-only and empty deltas are not, so a node that only
 keeps the connection busy fails over when ``first_token`` expires. ``idle`` bounds the silence
-between two reads: any bytes, comments included, count as liveness. An async stream's wait for its first token is watched
-the same way (until ``first_token`` or the deadline, the earlier). Margins: a stream ends
-within a few milliseconds of its deadline (event-loop latency for an async one, the deadline
-thread's wake-up for a sync one), however often the node sends;
+between two reads: any bytes, comments included, count as liveness. An async stream's wait
+for its first token is watched the same way (until ``first_token`` or the deadline, the
+earlier). Margins: a stream ends within a few milliseconds of its deadline (event-loop latency
+for an async one, the deadline thread's wake-up for a sync one), however often the node sends;
 ``benchmarks/deadline_margin.py`` measures both.
 """
 

@@ -86,7 +86,7 @@ class PluginManager(pluggy.PluginManager):
         self.fleet_read = False
         """Set once a client has read the fleet sources (later fleet plugins are not used)."""
         self._impls: dict[str, tuple[pluggy.HookImpl, ...]] = {}
-        self._idle_checks: dict[str, tuple[Any, ...] | None] = {}
+        self._idle_checks: dict[str, tuple[tuple[str, Any], ...] | None] = {}
         self._reported: set[tuple[str, str]] = set()
         self._reported_lock = threading.Lock()
 
@@ -148,27 +148,24 @@ class PluginManager(pluggy.PluginManager):
         except KeyError:
             generation = self.generation
             impls = self.impls(hook_name)
-            found: tuple[Any, ...] | None = None  # None: some plugin is never idle
-            checks_found = [getattr(impl.plugin, IDLE_METHOD, None) for impl in impls]
-            if all(callable(check) for check in checks_found):
-                found = tuple(checks_found)
+            found: tuple[tuple[str, Any], ...] | None = None  # None: some plugin never idles
+            pairs = [(impl.plugin_name, getattr(impl.plugin, IDLE_METHOD, None))
+                     for impl in impls]
+            if all(callable(check) for _, check in pairs):
+                found = tuple(pairs)
             if generation == self.generation:
                 self._idle_checks[hook_name] = found
             checks = found
         if checks is None:
             return True
-        for idle in checks:
+        for name, idle in checks:
             try:
                 if not idle():
                     return True
             except Exception as exc:  # a failing check counts as "not idle"
-                self.report(self._name_of(idle), IDLE_METHOD, exc)
+                self.report(name, IDLE_METHOD, exc)
                 return True
         return False
-
-    def _name_of(self, check: Any) -> str:
-        owner = getattr(check, "__self__", check)
-        return self.get_name(owner) or repr(owner)
 
     def copy(self) -> PluginManager:
         """A new manager with the same plugins (and blocked names), in the same order."""
