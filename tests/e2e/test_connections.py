@@ -11,6 +11,7 @@ import socket
 from typing import Any
 
 import httpx2
+import pytest
 
 import zml
 from tests.conftest import MODEL
@@ -80,3 +81,25 @@ def test_environment_proxies_keep_the_plain_client(monkeypatch: Any) -> None:
     monkeypatch.delenv("HTTP_PROXY")
     monkeypatch.delenv("http_proxy", raising=False)
     assert isinstance(async_http_client(httpx2.Limits())._transport, NodePools)
+
+
+@pytest.mark.filterwarnings("error::ResourceWarning")
+def test_a_sync_client_dropped_unclosed_closes_its_connections_and_stops_probing(
+    sim_fleet: Any,
+) -> None:
+    import gc
+    import threading
+    import warnings
+
+    setup = sim_fleet(NODES, time_scale=0.01)
+    client = zml.Client(config=setup.path, probe_interval_s=0.05)
+    assert client.infer(MODEL, MSGS, max_tokens=4).choices[0].message.content  # a connection
+    prober = next(t for t in threading.enumerate() if t.name == "zml-prober")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        del client
+        gc.collect()
+        prober.join(10)  # the prober lets go of the HTTP client as it ends
+        gc.collect()
+    assert not prober.is_alive()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []

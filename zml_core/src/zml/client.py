@@ -298,6 +298,14 @@ def _check_interval(interval_s: object) -> None:
         )
 
 
+def _release_sync(stop: threading.Event, watchdog: Watchdog, http: httpx2.Client | None) -> None:
+    # What a sync client lets go of at close(), or when it is garbage-collected unclosed.
+    stop.set()
+    watchdog.close()
+    if http is not None:
+        http.close()
+
+
 def _finish(call: Call, step: Step, data: dict[str, Any]) -> ChatCompletion:
     """The answered call's ChatCompletion; the call ends here, one way or the other."""
     try:
@@ -347,11 +355,15 @@ class Client(_BaseClient):
             _check_interval(probe_interval_s)
         self._own_http = http_client is None
         self._http = http_client or sync_http_client(_LIMITS)
-        self._probe_stop: threading.Event | None = None
+        self._probing = False
+        self._probe_stop = threading.Event()
         self._probe_interval_s = probe_interval_s
         self._watchdog = Watchdog(self._dispatcher.clock)
-        # A client dropped without close() must not leave its deadline thread behind.
-        weakref.finalize(self, self._watchdog.close)
+        # A client dropped without close() must leave neither its threads nor its open
+        # connections behind (these would otherwise be freed, unclosed, whenever the prober
+        # thread lets go of them).
+        self._release = weakref.finalize(self, _release_sync, self._probe_stop, self._watchdog,
+                                         self._http if self._own_http else None)
 
     def start_probing(self, interval_s: float = 2.0) -> None:
         """Probe every node's ``/health`` and ``/metrics`` every ``interval_s`` seconds (the
@@ -360,9 +372,10 @@ class Client(_BaseClient):
         from its first request unless built with ``probe_interval_s=None``; call it to start
         earlier. Stopped by ``close()`` (or when the client is garbage-collected)."""
         _check_interval(interval_s)
-        if self._probe_stop is not None:
+        if self._probing or not self._release.alive:
             return
-        stop = self._probe_stop = threading.Event()
+        self._probing = True
+        stop = self._probe_stop
         fleet = weakref.ref(self.fleet)
         http = self._http  # the client's own transport, proxies and TLS settings
 
@@ -378,13 +391,14 @@ class Client(_BaseClient):
 
                     Prober(live, interval_s).probe_all(http)
                 except Exception as exc:  # one bad answer must not end the probing
-                    logging.getLogger("zml.probe").warning("zml prober: %s", exc)
+                    if not stop.is_set():  # (a probe cut short by close() is no news)
+                        logging.getLogger("zml.probe").warning("zml prober: %s", exc)
                 del live
 
         threading.Thread(target=run, name="zml-prober", daemon=True).start()
 
     def _probe_on_first_use(self) -> None:
-        if self._probe_stop is None and self._probe_interval_s is not None:
+        if not self._probing and self._probe_interval_s is not None:
             self.start_probing(self._probe_interval_s)
 
     def infer(
@@ -487,12 +501,8 @@ class Client(_BaseClient):
     def close(self) -> None:
         """Close the connections this client opened (not those of a passed ``http_client``),
         stop probing and stop the deadline thread (:mod:`zml.watchdog`)."""
-        if self._probe_stop is not None:
-            self._probe_stop.set()
-        self._watchdog.close()
+        self._release()
         self._dispatcher.close()
-        if self._own_http:
-            self._http.close()
 
     def __enter__(self) -> Client:
         return self
