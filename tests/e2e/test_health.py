@@ -425,15 +425,15 @@ def test_probing_defaults(setup: Any) -> None:
 
     asyncio.run(main())
     with zml.Client(config=setup.path) as client:
-        assert client._probe_stop is None  # nothing runs before the first request
+        assert not client._probing  # nothing runs before the first request
         client.infer(MODEL, MSGS, policy="prod", max_tokens=2)
         stop = client._probe_stop
-        assert stop is not None and not stop.is_set()
+        assert client._probing and not stop.is_set()
         wait_for(lambda: client.fleet.node("h100-a").reported_load is not None, "the first probe")
     assert stop.is_set()  # close() stopped it
     with zml.Client(config=setup.path, probe_interval_s=None) as off:
         off.infer(MODEL, MSGS, policy="prod", max_tokens=2)
-        assert off._probe_stop is None
+        assert not off._probing
         assert all(s["reported_load"] is None for s in off.fleet.status())
     with pytest.raises(zml.InvalidRequestError, match="probe_interval_s"):
         zml.Client(config=setup.path, probe_interval_s=0)
