@@ -298,6 +298,17 @@ def _check_interval(interval_s: object) -> None:
         )
 
 
+def _read_failure(exc: httpx2.HTTPError | NodeError, watch: Watch | None,
+                  node_id: str) -> BaseException:
+    """The error to raise for a failure while reading a whole answer: the deadline's, when the
+    watchdog shut the response down; a zml error as it is; a transport error mapped."""
+    if watch is not None and watch.fired:
+        return still_sending(node_id)
+    if isinstance(exc, NodeError):
+        return exc
+    return map_transport_error(exc, node_id)
+
+
 def _release_sync(stop: threading.Event, watchdog: Watchdog, http: httpx2.Client | None) -> None:
     # What a sync client lets go of at close(), or when it is garbage-collected unclosed.
     stop.set()
@@ -471,11 +482,10 @@ class Client(_BaseClient):
                     watch = self._watchdog.watch(deadline, r)
                 content = read_body(r, node_id, deadline=deadline, clock=call.d.clock)
         except (httpx2.HTTPError, NodeError) as exc:
-            if watch is not None and watch.fired:
-                raise still_sending(node_id) from exc
-            if isinstance(exc, NodeError):
+            err = _read_failure(exc, watch, node_id)
+            if err is exc:
                 raise
-            raise map_transport_error(exc, node_id) from exc
+            raise err from exc
         finally:
             if watch is not None:
                 watch.end()
@@ -601,11 +611,10 @@ class AsyncClient(_BaseClient):
                     watch = self._deadlines.watch(deadline, r)
                 content = await aread_body(r, node_id, deadline=deadline, clock=call.d.clock)
         except (httpx2.HTTPError, NodeError) as exc:
-            if watch is not None and watch.fired:
-                raise still_sending(node_id) from exc
-            if isinstance(exc, NodeError):
+            err = _read_failure(exc, watch, node_id)
+            if err is exc:
                 raise
-            raise map_transport_error(exc, node_id) from exc
+            raise err from exc
         finally:
             if watch is not None:
                 watch.end()
