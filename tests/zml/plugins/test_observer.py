@@ -166,13 +166,3 @@ def test_a_failing_idle_check_counts_as_not_idle_and_is_logged(
         driver.infer(policy="prod")
     assert idle.names() == ["started", "routed", "completed"]
     assert "boom in zml_idle" in caplog.text and "idle" in caplog.text
-
-
-def test_the_builtin_otel_plugin_is_idle_without_a_provider(driver: Driver) -> None:
-    from zml.plugins.default.otel import OpenTelemetryPlugin
-
-    builtin = driver.plugins.get_plugin("zml.otel")
-    assert isinstance(builtin, OpenTelemetryPlugin)
-    assert builtin.zml_idle() is (not builtin.enabled())
-    explicit = OpenTelemetryPlugin(tracer_provider=object())  # type: ignore[arg-type]
-    assert explicit.zml_idle() is False

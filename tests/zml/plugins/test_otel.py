@@ -226,15 +226,19 @@ def test_the_api_is_not_imported_until_the_application_uses_it() -> None:
 
     script = (
         "import sys\n"
-        "from zml.plugins.default.otel import OpenTelemetryPlugin\n"
+        "import zml\n"
+        "from zml.plugins.default.otel import OpenTelemetryPlugin, plugin as builtin\n"
         "p = OpenTelemetryPlugin()\n"
-        "assert not p.enabled()\n"
+        "assert not p.enabled() and p.zml_idle()\n"
+        "pm = zml.Client(config=None).plugins\n"
+        "assert not pm.wanted('zml_request_started'), 'an idle plugin is called'\n"
         "assert not any(m.startswith('opentelemetry') for m in sys.modules), 'imported'\n"
         "from opentelemetry import trace\n"
         "from opentelemetry.sdk.trace import TracerProvider\n"
         "trace.set_tracer_provider(TracerProvider())\n"
-        "p._recheck_at = 0.0  # the next look, a second later\n"
-        "assert p.enabled()\n"
+        "p._recheck_at = builtin._recheck_at = 0.0  # the next look, a second later\n"
+        "assert p.enabled() and not p.zml_idle()\n"
+        "assert pm.wanted('zml_request_started'), 'a configured provider is not called'\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_PYTHON_")}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
