@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx2
@@ -41,6 +44,22 @@ def test_without_the_variable_it_registers_nothing(
     c = client(config)
     assert c.plugins.has_plugin("policy_sqlite")
     assert not any(isinstance(s, SQLitePolicySource) for s in c.policies.sources)  # type: ignore[attr-defined]
+
+
+def test_sqlite_is_imported_only_once_a_database_is_named(db: Path, config: Path) -> None:
+    # In a fresh interpreter (this test module imports sqlite3 itself): a client built without
+    # the variable loads the plugin but not sqlite3; with it, the source opens the database.
+    code = (f"import sys, zml\nc = zml.Client(config={str(config)!r})\n"
+            "print(c.plugins.has_plugin('policy_sqlite'), 'sqlite3' in sys.modules, "
+            "len(c.policies.sources))\nc.close()\n")
+    env = {k: v for k, v in os.environ.items() if k != "ZML_POLICY_SQLITE_DB"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["True", "False", "1"]  # the zml.toml tables only
+    env["ZML_POLICY_SQLITE_DB"] = str(db)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["True", "True", "2"]
 
 
 def test_stored_policy_is_used_and_edits_are_seen_without_restart(

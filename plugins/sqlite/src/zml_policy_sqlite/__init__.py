@@ -10,7 +10,27 @@ only after another connection committed.
 
 from __future__ import annotations
 
-from .source import SQLitePolicySource
-from .store import ENV_DB, PolicyStore
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .source import SQLitePolicySource
+    from .store import PolicyStore
 
 __all__ = ["ENV_DB", "PolicyStore", "SQLitePolicySource"]
+
+ENV_DB = "ZML_POLICY_SQLITE_DB"
+"""The database the plugin reads (and the command line's default ``--db``)."""
+
+# The classes are loaded on first use: zml loads this package's ``plugin`` module in every
+# client process, and one without ``ZML_POLICY_SQLITE_DB`` never needs sqlite3.
+_EXPORTS = {"PolicyStore": "store", "SQLitePolicySource": "source"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import zml
 from zml.plugins import PolicySource
 
-from .source import SQLitePolicySource
-from .store import ENV_DB
+from . import ENV_DB
+
+if TYPE_CHECKING:
+    from .source import SQLitePolicySource
 
 __all__ = ["source_for", "zml_register_policy_sources"]
 
@@ -29,6 +32,8 @@ def source_for(path: str) -> SQLitePolicySource:
     with _lock:
         source = _sources.get(key)
         if source is None:
+            from .source import SQLitePolicySource  # sqlite3 only once a database is named
+
             source = _sources[key] = SQLitePolicySource(key)
         return source
 

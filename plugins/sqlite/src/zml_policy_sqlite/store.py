@@ -23,10 +23,9 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["ENV_DB", "SCHEMA", "PolicyStore", "StoreError"]
+from . import ENV_DB
 
-ENV_DB = "ZML_POLICY_SQLITE_DB"
-"""The database the plugin reads (and the command line's default ``--db``)."""
+__all__ = ["ENV_DB", "SCHEMA", "PolicyStore", "StoreError"]
 
 TABLE = "zml_policies"
 SCHEMA = (
