@@ -158,6 +158,62 @@ def test_wrappers_on_notification_hooks_are_refused() -> None:
     assert not pm.has_plugin("wrapper")
 
 
+def _found(pm: pluggy.PluginManager, plugin: Any) -> list[str]:
+    """The hooks ``plugin`` implements in ``pm``, one entry per implementation."""
+    return sorted(c.name for c in pm.get_hookcallers(plugin) or ()
+                  for impl in c.get_hookimpls() if impl.plugin is plugin)
+
+
+def test_registration_finds_what_pluggy_finds() -> None:
+    # zml's manager skips names that cannot hold a hook before pluggy's static lookup; what it
+    # registers is what pluggy's own parsing registers, for every kind of plugin object.
+    import types
+
+    from zml.plugins import hookspecs
+
+    class Kinds:
+        @zml.hookimpl
+        def zml_request_started(self, call: Any) -> None: ...
+
+        @zml.hookimpl(specname="zml_request_completed")
+        def completed(self, call: Any) -> None: ...
+
+        @staticmethod
+        @zml.hookimpl
+        def zml_request_failed(call: Any) -> None: ...
+
+        @classmethod
+        @zml.hookimpl
+        def zml_attempt_failed(cls, call: Any) -> None: ...
+
+        not_a_hook = 3
+
+    module = types.ModuleType("plugin_module")
+    vars(module).update(
+        zml_request_started=Kinds().zml_request_started,  # a bound method in a module
+        completed=Kinds.completed,
+        zml_request_failed=Kinds.__dict__["zml_request_failed"],  # a staticmethod object
+        constant={"zml_impl": {}},
+    )
+    with zml.Client(config=None) as client:
+        installed = [p for _, p in client.plugins.list_name_plugin()]
+    plugins = [Kinds(), Kinds, module, *installed]
+    for plugin in plugins:
+        ours, reference = PluginManager(), pluggy.PluginManager("zml")
+        reference.add_hookspecs(hookspecs)
+        ours.register(plugin, "p")
+        reference.register(plugin, "p")
+        assert _found(ours, plugin) == _found(reference, plugin), plugin
+    in_module, in_class = PluginManager(), PluginManager()
+    in_module.register(module, "module")
+    in_class.register(Kinds(), "kinds")
+    assert _found(in_module, module) == [
+        "zml_request_completed", "zml_request_failed", "zml_request_started"]
+    assert _found(in_class, in_class.get_plugin("kinds")) == [
+        "zml_attempt_failed", "zml_request_completed", "zml_request_failed",
+        "zml_request_started"]
+
+
 def test_defaults_are_plugins() -> None:
     client = zml.Client(config=None)
     assert {"zml.static_fleet", "zml.toml_policies", "zml.cost", "zml.otel"} <= names(

@@ -24,6 +24,7 @@ import importlib
 import logging
 import os
 import threading
+import types
 import warnings
 from collections.abc import Mapping
 from importlib import metadata
@@ -68,6 +69,9 @@ turned False), so its hooks must tolerate a request they did not see start. The 
 OpenTelemetry plugin is idle while no OpenTelemetry provider is configured."""
 
 logger: logging.Logger = logging.getLogger("zml.plugins")
+
+_HOOKABLE = (types.FunctionType, types.MethodType, staticmethod, classmethod)
+"""What pluggy can take as a hook implementation (it skips everything else)."""
 
 
 class PluginManager(pluggy.PluginManager):
@@ -116,6 +120,22 @@ class PluginManager(pluggy.PluginManager):
                 stacklevel=2,
             )
         return registered
+
+    def parse_hookimpl_opts(self, plugin: Any, name: str) -> pluggy.HookimplOpts | None:
+        """pluggy's, with the names that cannot hold a hook implementation skipped at once.
+
+        pluggy looks every name of ``dir(plugin)`` up with ``inspect.getattr_static`` (tens of
+        microseconds for an instance), for every plugin of every client's manager. Skipped
+        here: Python's own names (``__init__``...), and a module's names whose value is not a
+        function, method, staticmethod or classmethod (pluggy would skip those too).
+        """
+        if name.startswith("__") and name.endswith("__"):
+            return None
+        if isinstance(plugin, types.ModuleType) and not isinstance(
+            plugin.__dict__.get(name), _HOOKABLE
+        ):
+            return None
+        return super().parse_hookimpl_opts(plugin, name)
 
     def unregister(self, plugin: Any | None = None, name: str | None = None) -> Any | None:
         """Unregister a plugin (by object or name); return it."""
