@@ -27,10 +27,10 @@ __version__ = "0.3.0"
 # Public name -> the module that defines it. Names load on first access (PEP 562), so that
 # `import zml` stays cheap: no pydantic models, HTTP stack or plugins until they are used.
 _EXPORTS: dict[str, str] = {
-    "NOT_GIVEN": "client",
+    "NOT_GIVEN": "client_base",
     "AsyncClient": "client",
     "Client": "client",
-    "NotGiven": "client",
+    "NotGiven": "client_base",
     "LoopClients": "adapters",
     "Registry": "config",
     "Timeouts": "dispatch",
@@ -126,12 +126,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from .adapters import LoopClients as LoopClients
-    from .client import (
-        NOT_GIVEN as NOT_GIVEN,
-        AsyncClient as AsyncClient,
-        Client as Client,
-        NotGiven as NotGiven,
-    )
+    from .client import AsyncClient as AsyncClient, Client as Client
+    from .client_base import NOT_GIVEN as NOT_GIVEN, NotGiven as NotGiven
     from .config import Registry as Registry
     from .dispatch import Timeouts as Timeouts
     from .errors import (
