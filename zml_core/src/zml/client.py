@@ -195,14 +195,14 @@ class Client(BaseClient):
         self._probe_on_first_use()
         from .streaming import Stream
 
-        return Stream(call, self._http, self._wait, self._watchdog)
+        return Stream(call, self._http, self._wait, self._watchdog, self._parsed_url)
 
     def _post(self, call: Call, step: Step) -> dict[str, Any]:
         node_id = step.node.id
         deadline = call.deadline
         watch: Watch | None = None
         try:
-            with self._http.stream("POST", step.url, content=call.body,
+            with self._http.stream("POST", self._parsed_url(step.url), content=call.body,
                                    headers=call.headers_for(step),
                                    extensions={"timeout": step.timeout}) as r:
                 if deadline is not None:  # a dripped body cannot outlast the deadline
@@ -324,14 +324,14 @@ class AsyncClient(BaseClient):
         """
         call = self._call(model, messages, policy, accelerator, params, True, metadata, timeout)
         return self._stream_type(call, self._http, self._wait, self._deadlines,
-                                 self._start_probing)
+                                 self._start_probing, self._parsed_url)
 
     async def _post(self, call: Call, step: Step) -> dict[str, Any]:
         node_id = step.node.id
         deadline = call.deadline
         watch: Watch | None = None
         try:
-            async with self._http.stream("POST", step.url, content=call.body,
+            async with self._http.stream("POST", self._parsed_url(step.url), content=call.body,
                                          headers=call.headers_for(step),
                                          extensions={"timeout": step.timeout}) as r:
                 if deadline is not None:  # a dripped body cannot outlast the deadline

@@ -180,14 +180,15 @@ class _Attempt:
 
 
 def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
-               watchdog: Watchdog) -> tuple[_Attempt, list[ChatCompletionChunk]]:
+               watchdog: Watchdog, url_of: Callable[[str], httpx2.URL]
+               ) -> tuple[_Attempt, list[ChatCompletionChunk]]:
     """Dispatch a stream (failover included) until its first token arrives."""
 
     def attempt(step: Step) -> tuple[_Attempt, list[ChatCompletionChunk]]:
         op = _Attempt(call, step)
         clock = call.d.clock
         try:
-            request = http.build_request("POST", step.url, content=call.body,
+            request = http.build_request("POST", url_of(step.url), content=call.body,
                                          headers=call.headers_for(step),
                                          extensions={"timeout": step.timeout})
             op.response = response = http.send(request, stream=True)
@@ -218,7 +219,8 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
 
 
 async def _open_async(call: Call, http: httpx2.AsyncClient,
-                      wait: Callable[[Wait], Awaitable[None]], deadlines: LoopWatchdog
+                      wait: Callable[[Wait], Awaitable[None]], deadlines: LoopWatchdog,
+                      url_of: Callable[[str], httpx2.URL]
                       ) -> tuple[_Attempt, list[ChatCompletionChunk]]:
     """:func:`_open_sync` for the async client; the wait for the first token is watched too
     (until ``first_token`` or the deadline, the earlier), then the deadline."""
@@ -227,7 +229,7 @@ async def _open_async(call: Call, http: httpx2.AsyncClient,
         op = _Attempt(call, step)
         clock = call.d.clock
         try:
-            request = http.build_request("POST", step.url, content=call.body,
+            request = http.build_request("POST", url_of(step.url), content=call.body,
                                          headers=call.headers_for(step),
                                          extensions={"timeout": step.timeout})
             op.response = response = await http.send(request, stream=True)
@@ -398,13 +400,13 @@ class Stream(_Base):
     __slots__ = ()
 
     def __init__(self, call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
-                 watchdog: Watchdog) -> None:
+                 watchdog: Watchdog, url_of: Callable[[str], httpx2.URL] = httpx2.URL) -> None:
         self._call = call
         self._op = None
         self._phase = _NEW
         self._ready = []
         try:
-            opened = _open_sync(call, http, wait, watchdog)
+            opened = _open_sync(call, http, wait, watchdog, url_of)
         except BaseException:
             self._phase = _ENDED  # the driver ended the call
             raise
@@ -484,12 +486,14 @@ class AsyncStream(_Base):
     module's docs for its lifetime and deadlines.
     """
 
-    __slots__ = ("_deadlines", "_http", "_on_start", "_wait")
+    __slots__ = ("_deadlines", "_http", "_on_start", "_url_of", "_wait")
 
     def __init__(self, call: Call, http: httpx2.AsyncClient, wait: Callable[[Wait], Any],
-                 deadlines: LoopWatchdog, on_start: Callable[[], None] | None = None) -> None:
+                 deadlines: LoopWatchdog, on_start: Callable[[], None] | None = None,
+                 url_of: Callable[[str], httpx2.URL] = httpx2.URL) -> None:
         self._call = call
         self._http = http
+        self._url_of = url_of
         self._wait = wait
         self._deadlines = deadlines
         self._on_start = on_start
@@ -510,7 +514,8 @@ class AsyncStream(_Base):
         if self._on_start is not None:
             self._on_start()
         try:
-            opened = await _open_async(self._call, self._http, self._wait, self._deadlines)
+            opened = await _open_async(self._call, self._http, self._wait, self._deadlines,
+                                       self._url_of)
         except BaseException:
             self._phase = _ENDED  # the driver ended the call
             raise
