@@ -195,15 +195,15 @@ class Client(BaseClient):
         self._probe_on_first_use()
         from .streaming import Stream
 
-        return Stream(call, self._http, self._wait, self._watchdog, self._parsed_url)
+        return Stream(call, self._http, self._wait, self._watchdog, self._target)
 
     def _post(self, call: Call, step: Step) -> dict[str, Any]:
         node_id = step.node.id
         deadline = call.deadline
         watch: Watch | None = None
         try:
-            with self._http.stream("POST", self._parsed_url(step.url), content=call.body,
-                                   headers=call.headers_for(step),
+            url, headers = self._target(call, step)
+            with self._http.stream("POST", url, content=call.body, headers=headers,
                                    extensions={"timeout": step.timeout}) as r:
                 if deadline is not None:  # a dripped body cannot outlast the deadline
                     watch = self._watchdog.watch(deadline, r)
@@ -323,16 +323,16 @@ class AsyncClient(BaseClient):
         ``async with``). See :meth:`Client.infer_stream`.
         """
         call = self._call(model, messages, policy, accelerator, params, True, metadata, timeout)
-        return self._stream_type(call, self._http, self._wait, self._deadlines,
-                                 self._start_probing, self._parsed_url)
+        return self._stream_type(call, self._http, self._wait, self._deadlines, self._target,
+                                 self._start_probing)
 
     async def _post(self, call: Call, step: Step) -> dict[str, Any]:
         node_id = step.node.id
         deadline = call.deadline
         watch: Watch | None = None
         try:
-            async with self._http.stream("POST", self._parsed_url(step.url), content=call.body,
-                                         headers=call.headers_for(step),
+            url, headers = self._target(call, step)
+            async with self._http.stream("POST", url, content=call.body, headers=headers,
                                          extensions={"timeout": step.timeout}) as r:
                 if deadline is not None:  # a dripped body cannot outlast the deadline
                     watch = self._deadlines.watch(deadline, r)

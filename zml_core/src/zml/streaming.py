@@ -58,6 +58,9 @@ connection can be reused) before it closes the connection instead."""
 
 _NEW, _OPEN, _ENDED = 0, 1, 2
 
+Target = Callable[[Call, Step], "tuple[httpx2.URL, dict[str, str]]"]
+"""Where an attempt is sent and with which headers (the client's ``_target``)."""
+
 
 class _Expired(Exception):
     """The stream's deadline passed (internal; mapped to a timeout error)."""
@@ -180,16 +183,15 @@ class _Attempt:
 
 
 def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
-               watchdog: Watchdog, url_of: Callable[[str], httpx2.URL]
-               ) -> tuple[_Attempt, list[ChatCompletionChunk]]:
+               watchdog: Watchdog, target: Target) -> tuple[_Attempt, list[ChatCompletionChunk]]:
     """Dispatch a stream (failover included) until its first token arrives."""
 
     def attempt(step: Step) -> tuple[_Attempt, list[ChatCompletionChunk]]:
         op = _Attempt(call, step)
         clock = call.d.clock
         try:
-            request = http.build_request("POST", url_of(step.url), content=call.body,
-                                         headers=call.headers_for(step),
+            url, headers = target(call, step)
+            request = http.build_request("POST", url, content=call.body, headers=headers,
                                          extensions={"timeout": step.timeout})
             op.response = response = http.send(request, stream=True)
             if op.deadline is not None:
@@ -220,8 +222,7 @@ def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
 
 async def _open_async(call: Call, http: httpx2.AsyncClient,
                       wait: Callable[[Wait], Awaitable[None]], deadlines: LoopWatchdog,
-                      url_of: Callable[[str], httpx2.URL]
-                      ) -> tuple[_Attempt, list[ChatCompletionChunk]]:
+                      target: Target) -> tuple[_Attempt, list[ChatCompletionChunk]]:
     """:func:`_open_sync` for the async client; the wait for the first token is watched too
     (until ``first_token`` or the deadline, the earlier), then the deadline."""
 
@@ -229,8 +230,8 @@ async def _open_async(call: Call, http: httpx2.AsyncClient,
         op = _Attempt(call, step)
         clock = call.d.clock
         try:
-            request = http.build_request("POST", url_of(step.url), content=call.body,
-                                         headers=call.headers_for(step),
+            url, headers = target(call, step)
+            request = http.build_request("POST", url, content=call.body, headers=headers,
                                          extensions={"timeout": step.timeout})
             op.response = response = await http.send(request, stream=True)
             if response.status_code >= 400:
@@ -400,13 +401,13 @@ class Stream(_Base):
     __slots__ = ()
 
     def __init__(self, call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
-                 watchdog: Watchdog, url_of: Callable[[str], httpx2.URL] = httpx2.URL) -> None:
+                 watchdog: Watchdog, target: Target) -> None:
         self._call = call
         self._op = None
         self._phase = _NEW
         self._ready = []
         try:
-            opened = _open_sync(call, http, wait, watchdog, url_of)
+            opened = _open_sync(call, http, wait, watchdog, target)
         except BaseException:
             self._phase = _ENDED  # the driver ended the call
             raise
@@ -486,14 +487,14 @@ class AsyncStream(_Base):
     module's docs for its lifetime and deadlines.
     """
 
-    __slots__ = ("_deadlines", "_http", "_on_start", "_url_of", "_wait")
+    __slots__ = ("_deadlines", "_http", "_on_start", "_target", "_wait")
 
     def __init__(self, call: Call, http: httpx2.AsyncClient, wait: Callable[[Wait], Any],
-                 deadlines: LoopWatchdog, on_start: Callable[[], None] | None = None,
-                 url_of: Callable[[str], httpx2.URL] = httpx2.URL) -> None:
+                 deadlines: LoopWatchdog, target: Target,
+                 on_start: Callable[[], None] | None = None) -> None:
         self._call = call
         self._http = http
-        self._url_of = url_of
+        self._target = target
         self._wait = wait
         self._deadlines = deadlines
         self._on_start = on_start
@@ -515,7 +516,7 @@ class AsyncStream(_Base):
             self._on_start()
         try:
             opened = await _open_async(self._call, self._http, self._wait, self._deadlines,
-                                       self._url_of)
+                                       self._target)
         except BaseException:
             self._phase = _ENDED  # the driver ended the call
             raise
