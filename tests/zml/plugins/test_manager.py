@@ -214,6 +214,68 @@ def test_registration_finds_what_pluggy_finds() -> None:
         "zml_request_started"]
 
 
+COST_ARGS = {"call": None, "routing": None, "usage": {"total_tokens": 10}, "held_s": 1.0,
+             "accelerator": None, "node": None, "metadata": {}}
+DONE_ARGS = {"call": None, "routing": None, "usage": None, "held_s": 1.0, "cost": None,
+             "metadata": {}}
+
+
+def test_call_answers_as_pluggy_does() -> None:
+    # One implementation is called directly; the answer is what pluggy's own call gives, for
+    # a firstresult hook and a plain one, for None and for a value, and with more plugins.
+    seen: list[float] = []
+
+    class Price:
+        def __init__(self, amount: float | None) -> None:
+            self.amount = amount
+
+        @zml.hookimpl
+        def zml_attribute_cost(self, held_s: float) -> Any:
+            seen.append(held_s)
+            return None if self.amount is None else zml.Cost(amount=self.amount, basis="x")
+
+        @zml.hookimpl
+        def zml_request_completed(self, held_s: float) -> Any:
+            return self.amount  # a notification's return value is what pluggy collects
+
+    for plugins in ([Price(1.5)], [Price(None)], [Price(None), Price(2.0)]):
+        pm = PluginManager()
+        for i, plugin in enumerate(plugins):
+            pm.register(plugin, f"p{i}")
+        for hook, kwargs in (("zml_attribute_cost", COST_ARGS),
+                             ("zml_request_completed", DONE_ARGS)):
+            assert pm.call(hook, kwargs) == getattr(pm.hook, hook)(**kwargs), (hook, plugins)
+    assert seen and set(seen) == {1.0}
+    assert PluginManager().call("zml_attribute_cost", COST_ARGS) is None  # no implementation
+    assert PluginManager().call("zml_request_completed", DONE_ARGS) == []
+
+
+def test_call_goes_through_pluggy_for_wrappers_and_monitoring() -> None:
+    class Price:
+        @zml.hookimpl
+        def zml_attribute_cost(self) -> Any:
+            return zml.Cost(amount=1.0, basis="x")
+
+    class Wrapper:
+        @zml.hookimpl(wrapper=True)
+        def zml_register_policy_sources(self) -> Any:
+            return (yield)
+
+    pm = PluginManager()
+    pm.register(Price(), "price")
+    traced: list[str] = []
+    undo = pm.add_hookcall_monitoring(lambda name, impls, kw: traced.append(name),
+                                      lambda outcome, name, impls, kw: None)
+    assert pm.call("zml_attribute_cost", COST_ARGS).amount == 1.0
+    assert traced == ["zml_attribute_cost"]  # monitoring sees the call
+    undo()
+    pm = PluginManager()
+    pm.register(Wrapper(), "wrapper")
+    # called directly, the wrapper would answer its generator; through pluggy, nothing
+    args = {"register": lambda source: None, "registry": None}
+    assert pm.call("zml_register_policy_sources", args) == []
+
+
 def test_defaults_are_plugins() -> None:
     client = zml.Client(config=None)
     assert {"zml.static_fleet", "zml.toml_policies", "zml.cost", "zml.otel"} <= names(

@@ -152,7 +152,7 @@ class Effects:
         pm = self.plugins
         if pm is None or not pm.wanted(hook):
             return None
-        return getattr(pm.hook, hook)(call=view, metadata=view.metadata, **kwargs)
+        return pm.call(hook, {"call": view, "metadata": view.metadata, **kwargs})
 
     def run(self, flow: Generator[Operation, Any, _T], view: CallView) -> _T:
         """Run a flow made only of common operations (an ending) to completion."""

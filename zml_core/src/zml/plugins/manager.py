@@ -91,6 +91,8 @@ class PluginManager(pluggy.PluginManager):
         """Set once a client has read the fleet sources (later fleet plugins are not used)."""
         self._impls: dict[str, tuple[pluggy.HookImpl, ...]] = {}
         self._idle_checks: dict[str, tuple[tuple[str, Any], ...] | None] = {}
+        self._direct: dict[str, tuple[Any, tuple[str, ...], bool] | None] = {}
+        self._monitored = False
         self._reported: set[tuple[str, str]] = set()
         self._reported_lock = threading.Lock()
 
@@ -187,6 +189,50 @@ class PluginManager(pluggy.PluginManager):
                 return True
         return False
 
+    def call(self, hook_name: str, kwargs: Mapping[str, Any]) -> Any:
+        """``self.hook.<hook_name>(**kwargs)``, with a hook only one plugin implements called
+        directly.
+
+        pluggy runs its multicall loop (about ten function calls) even for a hook with one
+        implementation, which is the common case of ``zml_attribute_cost`` (the built-in cost
+        model answers it) on every request. Such an implementation, when it is not a wrapper
+        and no hook-call monitoring is installed (``add_hookcall_monitoring``,
+        ``enable_tracing``), is called here with the arguments it names, and its result comes
+        back as from pluggy: as it is for a ``firstresult`` hook, else in a list (empty for
+        None). ``kwargs`` must hold every argument of the hook.
+        """
+        try:
+            direct = self._direct[hook_name]
+        except KeyError:
+            direct = self._direct_call(hook_name)
+        if direct is None:
+            return getattr(self.hook, hook_name)(**kwargs)
+        function, argnames, firstresult = direct
+        result = function(*[kwargs[name] for name in argnames])
+        if firstresult:
+            return result
+        return [] if result is None else [result]
+
+    def _direct_call(self, hook_name: str) -> tuple[Any, tuple[str, ...], bool] | None:
+        generation = self.generation
+        impls = self.impls(hook_name)
+        caller: pluggy.HookCaller | None = getattr(self.hook, hook_name, None)
+        found = None
+        if len(impls) == 1 and not (impls[0].wrapper or impls[0].hookwrapper) \
+                and not self._monitored and caller is not None and caller.spec is not None:
+            impl = impls[0]
+            found = (impl.function, tuple(impl.argnames),
+                     bool(caller.spec.opts.get("firstresult", False)))
+        if generation == self.generation:
+            self._direct[hook_name] = found
+        return found
+
+    def add_hookcall_monitoring(self, before: Any, after: Any) -> Any:
+        """pluggy's; from then on every hook is called through pluggy (see :meth:`call`)."""
+        self._monitored = True
+        self._direct.clear()
+        return super().add_hookcall_monitoring(before, after)
+
     def copy(self) -> PluginManager:
         """A new manager with the same plugins (and blocked names), in the same order."""
         pm = PluginManager()
@@ -200,6 +246,7 @@ class PluginManager(pluggy.PluginManager):
     def _changed(self) -> None:
         self._impls.clear()
         self._idle_checks.clear()
+        self._direct.clear()
         self.generation += 1
 
     def _validate(self, plugin: Any) -> None:
