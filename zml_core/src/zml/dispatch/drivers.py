@@ -67,8 +67,8 @@ class Call:
         if pm is None or not pm.wanted("zml_request_headers"):
             return base
         added: dict[str, str] = {}
-        pm.hook.zml_request_headers(call=self.view, routing=step.routing, headers=added,
-                                    metadata=self.request.metadata)
+        pm.call("zml_request_headers", {"call": self.view, "routing": step.routing,
+                                        "headers": added, "metadata": self.request.metadata})
         if not added:
             return base
         merged = {k: v for k, v in added.items() if isinstance(k, str) and isinstance(v, str)}

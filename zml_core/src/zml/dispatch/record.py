@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-
     from ..errors import NodeError
     from ..fleet import NodeState, Reservation
     from ..types import Attempt, RoutingInfo
