@@ -54,3 +54,21 @@ def test_a_bad_environment_fails_the_client_build(
     monkeypatch.setenv("ZML_REDIS_SYNC_S", "often")
     with pytest.raises(zml.PolicyConfigError, match="ZML_REDIS_SYNC_S"):
         zml.Client(config=setup.path)
+
+
+def test_without_the_url_the_settings_are_not_even_imported(tmp_path: Any) -> None:
+    # In a fresh interpreter (this module imports the settings itself): the plugin is loaded
+    # and does nothing; its settings module is left for a process that names a Redis.
+    import os
+    import subprocess
+    import sys
+
+    config = tmp_path / "zml.toml"
+    config.write_text('[accelerators.H100]\n[policies.p]\naccelerator_chain = ["H100"]\n')
+    code = (f"import sys, zml\nc = zml.Client(config={str(config)!r})\n"
+            "print(c.plugins.has_plugin('redis'), 'zml_redis.settings' in sys.modules, "
+            "c.fleet.ledger is None)\nc.close()\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZML_REDIS")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["True", "False", "True"]

@@ -118,6 +118,37 @@ def test_installed_plugins_are_called_in_entry_point_name_order(fake_dist: Any) 
     assert called == ["a_first", "b_second", "zml.cost"]
 
 
+def test_the_zml_entry_points_are_those_importlib_selects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only files with a [zml] section are parsed; what is found is what
+    # importlib.metadata.entry_points(group="zml") selects, in the same order: here, among
+    # other groups, an extra named "zml" in another group, and a look-alike section.
+    from importlib import metadata
+
+    from zml.plugins.manager import _group_entry_points
+
+    files = {
+        "mixed": "[console_scripts]\nmixed = mixed:main\n\n[zml]\nmixed = mixed_plugin\n"
+                 "\n[other]\nx = y:z\n",
+        "extra": "[console_scripts]\nextra = extra:main [zml]\n",
+        "spaced": "[ zml ]\nspaced = spaced_plugin\n",
+        "none": "[console_scripts]\nnone = none:main\n",
+    }
+    site = tmp_path / "site"
+    for name, text in files.items():
+        info = site / f"ep{name}-1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: ep{name}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(text)
+    monkeypatch.syspath_prepend(str(site))
+    found = [(ep.name, ep.value, ep.group) for ep in _group_entry_points()]
+    assert found == [(ep.name, ep.value, ep.group)
+                     for ep in metadata.entry_points(group="zml")]
+    assert found[0] == ("mixed", "mixed_plugin", "zml")
+    assert {"policy_sqlite", "redis"} <= {name for name, _, _ in found}  # the installed ones
+
+
 def test_misspelled_hook_in_code_is_refused() -> None:
     class Typo:
         @zml.hookimpl

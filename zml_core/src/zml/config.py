@@ -103,7 +103,7 @@ class AcceleratorConfig(_Strict):
     """USD per node-hour; used by the default cost model and by ``cost_priority="balanced"``."""
     cost_per_1k_tokens: float | None = Field(default=None, ge=0)
     """USD per 1,000 tokens (prompt + completion); when set, the cost model uses it instead."""
-    sim: SimProfileConfig = SimProfileConfig()
+    sim: SimProfileConfig = Field(default_factory=SimProfileConfig.model_construct)
     """The family's simulated performance (used by simulated nodes and replay only)."""
 
 
@@ -124,7 +124,7 @@ class SimConfig(SimProfileConfig):
     fields of ``[accelerators.NAME.sim]`` plus the node's queue and faults."""
 
     queue_size: int = Field(default=64, ge=0)
-    faults: FaultConfig = FaultConfig()
+    faults: FaultConfig = Field(default_factory=FaultConfig.model_construct)
 
 
 class NodeConfig(_Strict):
@@ -143,7 +143,7 @@ class NodeConfig(_Strict):
     kind: NodeKind = "vllm"
     api_key_env: str | None = None
     """The environment variable holding this node's API key (read when a client is built)."""
-    sim: SimConfig = SimConfig()
+    sim: SimConfig = Field(default_factory=SimConfig.model_construct)
 
     @model_validator(mode="before")
     @classmethod

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 # The names are loaded on first use: zml loads this package's ``plugin`` module in every client
 # process, and importing ``redis`` (with its OpenTelemetry bits) costs about half a second that
 # a process without ``ZML_REDIS_URL`` never needs.
+ENV_URL = "ZML_REDIS_URL"
+"""The variable that turns the plugin on (the rest of the settings: :mod:`zml_redis.settings`)."""
+
 _EXPORTS = {
     "Hub": "hub",
     "hub_for": "hub",
@@ -52,6 +55,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ENV_URL",
     "Hub",
     "PolicyStore",
     "RedisLedger",

@@ -14,6 +14,7 @@ telemetry hooks return at once. The ``zml policies`` command is always added.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import zml
 from zml.plugins import PolicySource
+
+from . import ENV_URL
 
 if TYPE_CHECKING:
     import argparse
@@ -51,6 +54,8 @@ _lock = threading.Lock()
 
 
 def _hub() -> Hub | None:
+    if not os.environ.get(ENV_URL, "").strip():
+        return None  # the settings module is not even imported (the first request's cost)
     from .settings import Settings
 
     try:

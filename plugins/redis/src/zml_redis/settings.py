@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from . import ENV_URL
+
 __all__ = [
     "ENV_LEDGER",
     "ENV_PREFIX",
@@ -35,7 +37,6 @@ __all__ = [
     "redact",
 ]
 
-ENV_URL = "ZML_REDIS_URL"
 ENV_PREFIX = "ZML_REDIS_PREFIX"
 ENV_TTL = "ZML_REDIS_LEASE_TTL_S"
 ENV_TIMEOUT = "ZML_REDIS_TIMEOUT_MS"

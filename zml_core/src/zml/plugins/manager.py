@@ -333,11 +333,19 @@ def _wanted(environ: Mapping[str, str]) -> tuple[bool, frozenset[str] | None]:
 def _group_entry_points() -> list[metadata.EntryPoint]:
     """The installed entry points of group ``zml``, first distribution on the path first.
 
-    ``entry_points(group=...)`` reads only each distribution's ``entry_points.txt``: walking
-    ``distributions()`` and their ``metadata`` parses every installed package's METADATA
-    file (about 0.1 s with 150 packages), which the first client must not pay.
+    Only each distribution's ``entry_points.txt`` is read (its METADATA file is not: parsing
+    every installed package's costs about 0.1 s with 150 packages), and only a file that has
+    a ``[zml]`` section is parsed into entry points. ``entry_points(group=...)`` parses every
+    file (every console script of every package): 4-6 ms with 150 packages against about 2.5,
+    on the first client of a process.
     """
-    return list(metadata.entry_points(group=GROUP))
+    header = f"[{GROUP}]"
+    found: list[metadata.EntryPoint] = []
+    for dist in metadata.distributions():
+        text = dist.read_text("entry_points.txt")
+        if text and header in text:
+            found.extend(ep for ep in dist.entry_points if ep.group == GROUP)
+    return found
 
 
 def _dist_name(ep: metadata.EntryPoint) -> str:
