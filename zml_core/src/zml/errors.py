@@ -33,6 +33,7 @@ No message here copies text that can hold a header value or URL credentials.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import TYPE_CHECKING, Any
@@ -359,12 +360,15 @@ def _error_detail(body: object) -> str:
     return safe_detail(text, 300) or "(no body)"
 
 
-_SECRETS = (
-    (re.compile(r"(?i)\b(bearer|basic)\s+[^\s'\",;]+"), r"\1 [redacted]"),
-    (re.compile(r"(?i)(authorization|api[-_]?key)(['\"]?\s*[:=]\s*(?:b(?=['\"]))?['\"]?)"
-                r"(?!(?:bearer|basic)\s)[^\s'\",;]+"), r"\1\2[redacted]"),
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@"), r"\1"),
-)
+@functools.cache
+def _secrets() -> tuple[tuple[re.Pattern[str], str], ...]:
+    # Compiled on the first message that needs them, not at ``import zml`` (about 1 ms).
+    return (
+        (re.compile(r"(?i)\b(bearer|basic)\s+[^\s'\",;]+"), r"\1 [redacted]"),
+        (re.compile(r"(?i)(authorization|api[-_]?key)(['\"]?\s*[:=]\s*(?:b(?=['\"]))?['\"]?)"
+                    r"(?!(?:bearer|basic)\s)[^\s'\",;]+"), r"\1\2[redacted]"),
+        (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@"), r"\1"),
+    )
 
 
 def safe_detail(text: str, limit: int = 200) -> str:
@@ -374,7 +378,7 @@ def safe_detail(text: str, limit: int = 200) -> str:
     Used for every piece of text zml copies into a message from elsewhere (an exception of the
     HTTP stack, a node's error body, a redirect's Location).
     """
-    for pattern, repl in _SECRETS:
+    for pattern, repl in _secrets():
         text = pattern.sub(repl, text)
     text = text.replace("\n", " ").replace("\r", " ")
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "Attempt",
@@ -89,13 +89,13 @@ class RoutingInfo(_Model):
     queue_depth: int
     node_load: int = 0
     predicted_ttft_ms: float = 0.0
-    evaluated: list[dict[str, Any]] = Field(default_factory=list)
+    evaluated: list[dict[str, Any]] = []
     decision_us: float = 0.0
-    attempts: list[Attempt] = Field(default_factory=list)
+    attempts: list[Attempt] = []
     queued_ms: float = 0.0
     cost: Cost | None = None
     server_address: str = ""
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = {}
 
 
 class Function(_Open):
