@@ -248,18 +248,54 @@ def bench_requests(n: int, rounds: int, cold_n: int) -> dict[str, Figures]:
 # --- first request in a fresh process ----------------------------------------------------
 
 
+# What bare httpx2 does, plus one response validated by a small pydantic model tree: the least
+# a client whose answers are pydantic models (as zml's, and openai's, are) can do.
+_PYDANTIC_FLOOR = """\
+from pydantic import BaseModel, ConfigDict
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow", defer_build=True)
+class Message(_Open):
+    role: str
+    content: str | None = None
+class Choice(_Open):
+    index: int
+    message: Message
+    finish_reason: str | None = None
+class Completion(_Open):
+    id: str
+    model: str
+    choices: list[Choice]
+"""
+
+
 def bench_first_request(runs: int = 21) -> dict[str, float]:
+    """A fresh process: import, client, one request; zml, bare httpx2, bare httpx2 with a
+    pydantic response model (the floor of a pydantic-typed client), and the openai SDK."""
     with sim_nodes(1, slots=8, time_scale=1e-9) as config:
         import zml
 
-        url = zml.Client(config=config).registry.nodes[0].url + "/v1/chat/completions"
+        base_url = zml.Client(config=config).registry.nodes[0].url
+        url = base_url + "/v1/chat/completions"
         body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 4})
-        bare = (f"import httpx2\nwith httpx2.Client() as c:\n"
-                f"    r = c.post({url!r}, content={body!r}, "
-                f"headers={{'content-type': 'application/json'}})\n"
-                f"    r.raise_for_status(); r.json()\n")
-        ours = (f"import zml\nwith zml.Client(config={str(config)!r}) as c:\n"
-                f"    c.infer({MODEL!r}, [{{'role': 'user', 'content': 'x'}}], max_tokens=4)\n")
+
+        def plain(validate: str) -> str:
+            return (f"import httpx2\nwith httpx2.Client() as c:\n"
+                    f"    r = c.post({url!r}, content={body!r}, "
+                    f"headers={{'content-type': 'application/json'}})\n"
+                    f"    r.raise_for_status(); {validate}\n")
+
+        statements = {
+            "base": "pass",
+            "bare": plain("r.json()"),
+            "pydantic": _PYDANTIC_FLOOR + plain("Completion.model_validate(r.json())"),
+            "zml": (f"import zml\nwith zml.Client(config={str(config)!r}) as c:\n"
+                    f"    c.infer({MODEL!r}, [{{'role': 'user', 'content': 'x'}}], "
+                    f"max_tokens=4)\n"),
+            "openai": (f"import openai\nwith openai.OpenAI(base_url={base_url + '/v1'!r}, "
+                       f"api_key='unused') as c:\n"
+                       f"    c.chat.completions.create(model={MODEL!r}, "
+                       f"messages=[{{'role': 'user', 'content': 'x'}}], max_tokens=4)\n"),
+        }
 
         # As installed packages run (pip and ``uv pip --compile`` write bytecode): a first,
         # discarded run of each statement leaves the modules' bytecode cached, even where the
@@ -271,26 +307,28 @@ def bench_first_request(runs: int = 21) -> dict[str, float]:
             subprocess.run([sys.executable, "-c", stmt], check=True, env=env)
             return time.perf_counter() - start
 
-        # A round runs the three statements back to back, in an order that rotates from round
-        # to round, and gives one ratio: (zml - interpreter) / (bare - interpreter). The figure
-        # is the median of the rounds' ratios (as for the request rounds: a busy moment moves
-        # one round, not the median).
-        statements = {"base": "pass", "bare": bare, "zml": ours}
+        # A round runs the statements back to back, in an order that rotates from round to
+        # round, and gives one ratio per client: (client - interpreter) / (bare - interpreter).
+        # A figure is the median of the rounds' ratios (as for the request rounds: a busy
+        # moment moves one round, not the median).
         for stmt in statements.values():
             timed(stmt)
         names = list(statements)
         times: dict[str, list[float]] = {name: [] for name in statements}
-        ratios: list[float] = []
+        ratios: dict[str, list[float]] = {name: [] for name in ("zml", "pydantic", "openai")}
         for i in range(runs):
             took = {}
-            for name in names[i % 3:] + names[:i % 3]:
+            k = i % len(names)
+            for name in names[k:] + names[:k]:
                 took[name] = timed(statements[name])
                 times[name].append(took[name])
-            ratios.append((took["zml"] - took["base"]) / (took["bare"] - took["base"]))
+            for name, values in ratios.items():
+                values.append((took[name] - took["base"]) / (took["bare"] - took["base"]))
         base = statistics.median(times["base"])
-        b = statistics.median(times["bare"]) - base
-        z = statistics.median(times["zml"]) - base
-    return {"bare_ms": b * 1e3, "zml_ms": z * 1e3, "ratio": statistics.median(ratios)}
+        out = {f"{name}_ms": (statistics.median(times[name]) - base) * 1e3
+               for name in names if name != "base"}
+        out.update({name: statistics.median(values) for name, values in ratios.items()})
+    return out
 
 
 # --- memory per open stream ----------------------------------------------------------------
@@ -388,9 +426,12 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"routing {key}: {med:.0f} us")
     if args.only in (None, "first"):
         first = bench_first_request()
-        print(f"\nfirst request in a fresh process: zml {first['zml_ms']:.0f} ms, bare httpx2 "
-              f"{first['bare_ms']:.0f} ms (interpreter start subtracted)")
-        lines.append(f"first request: {first['ratio']:.2f}x")
+        print(f"\nfirst request in a fresh process (interpreter start subtracted): "
+              f"zml {first['zml_ms']:.0f} ms, bare httpx2 {first['bare_ms']:.0f} ms\n"
+              f"  bare httpx2 + a pydantic response model {first['pydantic_ms']:.0f} ms "
+              f"({first['pydantic']:.2f}x bare: the floor of a pydantic-typed client), "
+              f"openai SDK {first['openai_ms']:.0f} ms ({first['openai']:.2f}x)")
+        lines.append(f"first request: {first['zml']:.2f}x")
     if args.only in (None, "memory"):
         mem = bench_memory(args.streams)
         own = (mem["zml"] - mem["bare"]) / 1024
