@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import zml
-from zml.config import discover_path, load_registry
+from zml.config import discover_path, load_registry, suggest
 from zml.plugins.fleet_sources import default_registry
 
 GOOD = """
@@ -120,3 +120,11 @@ def test_default_registry_is_the_discovered_file_and_no_client_changes_it(
     # an edit of the discovered file is picked up
     write(tmp_path, GOOD.replace("MI300X", "L4"))
     assert list(default_registry().families) == ["H100", "L4"]
+
+
+def test_suggest_finds_a_typo_or_a_case_mismatch_in_any_iterable() -> None:
+    assert suggest("H10", ["H100", "MI300X"]) == "H100"
+    # "mi300x" is too far from "MI300X" for difflib; the case-insensitive match finds it, also
+    # when the choices come from an iterator (read once)
+    assert suggest("mi300x", iter(["H100", "MI300X"])) == "MI300X"
+    assert suggest("A10G", iter(["H100", "MI300X"])) is None

@@ -32,7 +32,6 @@ policies it is given against its own registry as well; no client changes what an
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import sys
@@ -306,9 +305,12 @@ class Registry:
 
 def suggest(value: str, choices: Iterable[str]) -> str | None:
     """The closest of ``choices`` to ``value``, if one is close enough to be a likely typo."""
-    matches = difflib.get_close_matches(value, list(choices), n=1, cutoff=0.6)
+    import difflib  # only a mistake needs it
+
+    options = list(choices)
+    matches = difflib.get_close_matches(value, options, n=1, cutoff=0.6)
     if not matches:
-        lowered = {c.lower(): c for c in choices}
+        lowered = {c.lower(): c for c in options}
         return lowered.get(value.lower())
     return matches[0]
 
