@@ -123,7 +123,8 @@ def test_the_zml_entry_points_are_those_importlib_selects(
 ) -> None:
     # Only files with a [zml] section are parsed; what is found is what
     # importlib.metadata.entry_points(group="zml") selects, in the same order: here, among
-    # other groups, an extra named "zml" in another group, and a look-alike section.
+    # other groups, an extra named "zml" in another group, a look-alike section, and one
+    # distribution installed twice.
     from importlib import metadata
 
     from zml.plugins.manager import _group_entry_points
@@ -135,17 +136,22 @@ def test_the_zml_entry_points_are_those_importlib_selects(
         "spaced": "[ zml ]\nspaced = spaced_plugin\n",
         "none": "[console_scripts]\nnone = none:main\n",
     }
-    site = tmp_path / "site"
-    for name, text in files.items():
-        info = site / f"ep{name}-1.0.dist-info"
-        info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: ep{name}\nVersion: 1.0\n")
-        (info / "entry_points.txt").write_text(text)
-    monkeypatch.syspath_prepend(str(site))
+    for site, dists in ((tmp_path / "site", files),
+                        # the same distribution again, later on the path: it counts once
+                        (tmp_path / "later", {"mixed": "[zml]\nshadowed = shadowed_plugin\n"})):
+        for name, text in dists.items():
+            info = site / f"ep{name}-1.0.dist-info"
+            info.mkdir(parents=True)
+            (info / "METADATA").write_text(
+                f"Metadata-Version: 2.1\nName: ep{name}\nVersion: 1.0\n")
+            (info / "entry_points.txt").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path / "later"))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
     found = [(ep.name, ep.value, ep.group) for ep in _group_entry_points()]
     assert found == [(ep.name, ep.value, ep.group)
                      for ep in metadata.entry_points(group="zml")]
     assert found[0] == ("mixed", "mixed_plugin", "zml")
+    assert "shadowed" not in {name for name, _, _ in found}
     assert {"policy_sqlite", "redis"} <= {name for name, _, _ in found}  # the installed ones
 
 

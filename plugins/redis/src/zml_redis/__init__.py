@@ -27,12 +27,12 @@ if TYPE_CHECKING:
     from .policies import PolicyStore, RedisPolicySource, Snapshot, StoreError
     from .settings import Settings
 
-# The names are loaded on first use: zml loads this package's ``plugin`` module in every client
-# process, and importing ``redis`` (with its OpenTelemetry bits) costs about half a second that
-# a process without ``ZML_REDIS_URL`` never needs.
 ENV_URL = "ZML_REDIS_URL"
 """The variable that turns the plugin on (the rest of the settings: :mod:`zml_redis.settings`)."""
 
+# The names are loaded on first use: zml loads this package's ``plugin`` module in every client
+# process, and importing ``redis`` (with its OpenTelemetry bits) costs about half a second that
+# a process without ``ZML_REDIS_URL`` never needs.
 _EXPORTS = {
     "Hub": "hub",
     "hub_for": "hub",
