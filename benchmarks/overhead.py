@@ -12,7 +12,9 @@ Everything is a ratio measured in one run on one machine, so a busy machine shif
 * routing decision time at 100 and 10,000 nodes, and at 10,000 nodes with every family full
   (budget: median <= 10 us and <= 100 us);
 * a fresh process doing import + client + one request to a local node, zml vs bare httpx2
-  (interpreter start subtracted, bytecode cached as after an install; budget <= 1.5x);
+  (interpreter start subtracted, bytecode cached as after an install; budget <= 1.5x), and for
+  scale bare httpx2 plus one pydantic response model (the floor of a pydantic-typed client)
+  and the openai SDK;
 * memory per in-flight stream with 1,000 concurrent streams (budget <= 8 KB of zml's own),
   as Python allocations (tracemalloc) per open stream, for zml and for bare httpx2 holding the
   same streams: the difference is what zml itself adds per stream.
