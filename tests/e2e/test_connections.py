@@ -53,6 +53,33 @@ async def test_complete_streams_and_answers_reuse_one_connection(sim_fleet: Any)
     assert connects == ["connection.connect_tcp.complete"]
 
 
+async def test_the_default_pool_lets_go_of_a_connection_before_the_node_does(
+    sim_fleet: Any,
+) -> None:
+    # The simulated node is served by uvicorn, which closes a connection idle for 5 s (as
+    # vLLM's server does). zml's own pool reuses a connection idle for less than 4 s, and
+    # opens a new one past that, rather than race the node's close.
+    import asyncio
+
+    setup = sim_fleet(NODES, time_scale=0.01)
+    connects: list[str] = []
+
+    async def trace(name: str, info: dict[str, Any]) -> None:
+        if name == "connection.connect_tcp.complete":
+            connects.append(name)
+
+    async def hook(request: httpx2.Request) -> None:
+        request.extensions["trace"] = trace
+
+    async with zml.AsyncClient(config=setup.path, probe_interval_s=None) as client:
+        client._http.event_hooks["request"].append(hook)
+        for pause in (0.0, 1.0, 4.4):
+            await asyncio.sleep(pause)
+            answer = await client.infer(MODEL, MSGS, max_tokens=2)
+            assert answer.choices[0].message.content
+    assert len(connects) == 2  # the first request's, and the one after 4.4 s idle
+
+
 async def test_node_pools_keep_one_pool_per_origin(sim_fleet: Any) -> None:
     setup = sim_fleet([{"id": "a", "family": "H100", "max_concurrency": 2},
                        {"id": "b", "family": "H100", "max_concurrency": 2}])

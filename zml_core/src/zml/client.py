@@ -46,7 +46,12 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncClient", "Client"]
 
-_LIMITS = httpx2.Limits(max_connections=None, max_keepalive_connections=256)
+# An idle connection is dropped after 4 s. The servers in front of inference engines (uvicorn
+# for vLLM and SGLang, llama.cpp's own) close it after 5 s, httpx2's default expiry: a request
+# sent on a connection at the moment the node closes it fails, a spurious failover that also
+# lowers the node's health.
+_LIMITS = httpx2.Limits(max_connections=None, max_keepalive_connections=256,
+                        keepalive_expiry=4.0)
 
 
 def _release_sync(stop: threading.Event, watchdog: Watchdog, http: httpx2.Client | None) -> None:
