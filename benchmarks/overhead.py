@@ -139,8 +139,8 @@ class Side:
             # The simulated nodes (uvicorn) close a connection idle for 5 s, httpx2's default
             # keep-alive expiry: a connection left idle that long while the zml side ran its
             # round could be reused just as the node closes it (an httpx2.ReadError that ends
-            # the run). Expiring it a second earlier leaves no such moment. (zml's pool looks
-            # at each idle socket before reusing it.)
+            # the run). Expiring it a second earlier leaves no such moment; zml's clients
+            # expire theirs at 4 s as well.
             self.client = httpx2.AsyncClient(
                 limits=httpx2.Limits(max_connections=None, max_keepalive_connections=256,
                                      keepalive_expiry=4.0))

@@ -7,7 +7,9 @@ async client uses by default).
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx2
@@ -21,7 +23,8 @@ NODES = [{"id": "h100-a", "family": "H100", "max_concurrency": 4}]
 MSGS = [{"role": "user", "content": "hello"}]
 
 
-def counting_client() -> tuple[httpx2.AsyncClient, list[str]]:
+def connect_counter() -> tuple[Callable[[httpx2.Request], Awaitable[None]], list[str]]:
+    """A request hook that has httpcore2 report each TCP connect, and the list it appends to."""
     connects: list[str] = []
 
     async def trace(name: str, info: dict[str, Any]) -> None:
@@ -31,6 +34,11 @@ def counting_client() -> tuple[httpx2.AsyncClient, list[str]]:
     async def hook(request: httpx2.Request) -> None:
         request.extensions["trace"] = trace
 
+    return hook, connects
+
+
+def counting_client() -> tuple[httpx2.AsyncClient, list[str]]:
+    hook, connects = connect_counter()
     http = httpx2.AsyncClient(transport=NodePools(httpx2.Limits(max_keepalive_connections=8)),
                               event_hooks={"request": [hook]})
     return http, connects
@@ -59,18 +67,8 @@ async def test_the_default_pool_lets_go_of_a_connection_before_the_node_does(
     # The simulated node is served by uvicorn, which closes a connection idle for 5 s (as
     # vLLM's server does). zml's own pool reuses a connection idle for less than 4 s, and
     # opens a new one past that, rather than race the node's close.
-    import asyncio
-
     setup = sim_fleet(NODES, time_scale=0.01)
-    connects: list[str] = []
-
-    async def trace(name: str, info: dict[str, Any]) -> None:
-        if name == "connection.connect_tcp.complete":
-            connects.append(name)
-
-    async def hook(request: httpx2.Request) -> None:
-        request.extensions["trace"] = trace
-
+    hook, connects = connect_counter()
     async with zml.AsyncClient(config=setup.path, probe_interval_s=None) as client:
         client._http.event_hooks["request"].append(hook)
         for pause in (0.0, 1.0, 4.4):
