@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.zml.test_routing_properties import NOW, Fleet, Policy, fleets, policies
+from tests.zml.random_fleets import NOW, Fleet, Policy, fleets, policies
 from zml import routing, routing_families
 from zml.config import load_registry
 from zml.fleet import FAMILY_PRIORS, Fleet as ZmlFleet
