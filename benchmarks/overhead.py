@@ -9,6 +9,8 @@ Everything is a ratio measured in one run on one machine, so a busy machine shif
   at 64 in flight (budget <= 1.3x);
 * the same for a *fresh* client's first 2,000 requests at 64 in flight ("cold"), against a
   fresh bare client's;
+* for scale, each client's own Python per JSON request with no network at all (both send
+  through ``httpx2.MockTransport``): the part of the JSON ratio that zml can change;
 * routing decision time at 100 and 10,000 nodes, and at 10,000 nodes with every family full
   (budget: median <= 10 us and <= 100 us);
 * a fresh process doing import + client + one request to a local node, zml vs bare httpx2
@@ -233,7 +235,9 @@ async def _cold(config: Path, mode: str, n: int, concurrency: int, rounds: int) 
     return _figures(zs, bs)
 
 
-def bench_requests(n: int, rounds: int, cold_n: int) -> dict[str, Figures]:
+def bench_requests(n: int, rounds: int,
+                   cold_n: int) -> tuple[dict[str, Figures], tuple[float, float]]:
+    """The request and stream figures, and :func:`bench_python_cost` on the same nodes."""
     out: dict[str, Figures] = {}
     with sim_nodes(NODES, slots=256, time_scale=1e-9) as config:
         async def main() -> None:
@@ -250,7 +254,60 @@ def bench_requests(n: int, rounds: int, cold_n: int) -> dict[str, Figures]:
                                                        max(1, rounds // 2))
 
         asyncio.run(main())
-    return out
+        python = bench_python_cost(config)
+    return out, python
+
+
+# --- client Python per request, without the network ---------------------------------------
+
+
+def _mock_answer(request: httpx2.Request) -> httpx2.Response:
+    """A node's whole answer of 16 tokens, as the simulated nodes send it."""
+    body = json.loads(request.content)
+    return httpx2.Response(200, headers={"content-type": "application/json"}, json={
+        "id": "chatcmpl-bench", "object": "chat.completion", "created": 1,
+        "model": body["model"],
+        "choices": [{"index": 0, "finish_reason": "length",
+                     "message": {"role": "assistant", "content": "token " * 16}}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 16, "total_tokens": 20},
+    })
+
+
+def bench_python_cost(config: Path, n: int = 400, rounds: int = 15) -> tuple[float, float]:
+    """CPU seconds per JSON request (zml, bare httpx2) when both send through
+    ``httpx2.MockTransport``: no sockets, no event-loop waits, no node. What is left is each
+    client's own Python, a steadier figure than a ratio over loopback (where the kernel's share
+    of a request, 600-900 us here, moves with the machine's load)."""
+    import zml
+
+    async def main() -> tuple[float, float]:
+        zml_http = httpx2.AsyncClient(transport=httpx2.MockTransport(_mock_answer))
+        async with zml.AsyncClient(config=config, probe_interval_s=None,
+                                   http_client=zml_http) as client, \
+                httpx2.AsyncClient(transport=httpx2.MockTransport(_mock_answer)) as bare:
+            url = client.registry.nodes[0].url + "/v1/chat/completions"
+            body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 16}).encode()
+            headers = {"content-type": "application/json"}
+
+            async def zop() -> object:
+                return await client.infer(MODEL, MESSAGES, policy="bench", max_tokens=16)
+
+            async def bop() -> object:
+                r = await bare.post(url, content=body, headers=headers)
+                r.raise_for_status()
+                return r.json()
+
+            for op in (zop, bop):
+                await _run(op, 100, 1)
+            zs: list[float] = []
+            bs: list[float] = []
+            for i in range(rounds):
+                for op, out in ((zop, zs), (bop, bs))[:: 1 if i % 2 else -1]:
+                    out.append(await _run(op, n, 1))
+            await zml_http.aclose()
+            return statistics.median(zs), statistics.median(bs)
+
+    return asyncio.run(main())
 
 
 # --- first request in a fresh process ----------------------------------------------------
@@ -413,11 +470,13 @@ def main(argv: list[str] | None = None) -> int:
           f"Python {sys.version.split()[0]}")
     lines: list[str] = []
     if args.only in (None, "requests"):
-        req = bench_requests(args.requests, args.rounds, args.cold)
+        req, (zpy, bpy) = bench_requests(args.requests, args.rounds, args.cold)
         print(f"\n{'client CPU per request':<28}{'zml us':>10}{'bare us':>10}{'ratio':>8}")
         for name, (z, b, ratio) in req.items():
             print(f"{name:<28}{z * 1e6:>10.0f}{b * 1e6:>10.0f}{ratio:>7.2f}x")
             lines.append(f"overhead {name}: {ratio:.2f}x")
+        print(f"without the network (httpx2.MockTransport), a JSON request: zml {zpy * 1e6:.0f} us,"
+              f" bare httpx2 {bpy * 1e6:.0f} us -> zml's own Python {(zpy - bpy) * 1e6:.0f} us")
         order = ["json C=1", "json C=64", "stream C=1", "stream C=64", "json C=64 cold",
                  "stream C=64 cold"]
         lines.sort(key=lambda line: order.index(line[len("overhead "):line.index(":")]))
