@@ -262,7 +262,7 @@ def bench_requests(n: int, rounds: int,
 
 
 def _mock_answer(request: httpx2.Request) -> httpx2.Response:
-    """A node's whole answer of 16 tokens, as the simulated nodes send it."""
+    """A whole answer of 16 tokens, shaped as an OpenAI-compatible node's."""
     body = json.loads(request.content)
     return httpx2.Response(200, headers={"content-type": "application/json"}, json={
         "id": "chatcmpl-bench", "object": "chat.completion", "created": 1,
@@ -281,9 +281,9 @@ def bench_python_cost(config: Path, n: int = 400, rounds: int = 15) -> tuple[flo
     import zml
 
     async def main() -> tuple[float, float]:
-        zml_http = httpx2.AsyncClient(transport=httpx2.MockTransport(_mock_answer))
-        async with zml.AsyncClient(config=config, probe_interval_s=None,
-                                   http_client=zml_http) as client, \
+        async with httpx2.AsyncClient(transport=httpx2.MockTransport(_mock_answer)) as http, \
+                zml.AsyncClient(config=config, probe_interval_s=None,
+                                http_client=http) as client, \
                 httpx2.AsyncClient(transport=httpx2.MockTransport(_mock_answer)) as bare:
             url = client.registry.nodes[0].url + "/v1/chat/completions"
             body = json.dumps({"model": MODEL, "messages": MESSAGES, "max_tokens": 16}).encode()
@@ -304,7 +304,6 @@ def bench_python_cost(config: Path, n: int = 400, rounds: int = 15) -> tuple[flo
             for i in range(rounds):
                 for op, out in ((zop, zs), (bop, bs))[:: 1 if i % 2 else -1]:
                     out.append(await _run(op, n, 1))
-            await zml_http.aclose()
             return statistics.median(zs), statistics.median(bs)
 
     return asyncio.run(main())
