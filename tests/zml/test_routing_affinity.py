@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from tests.zml import routing_world as world
 from tests.zml.random_fleets import NOW, Fleet, Policy, fleets, policies
 from zml import routing, routing_families
 from zml.config import load_registry
@@ -78,23 +79,9 @@ def test_affinity_never_picks_a_node_the_load_bound_excludes(
 
 
 def test_one_hot_prefix_cannot_overload_a_node() -> None:
-    @dataclass(eq=False)
-    class N:
-        id: str
-        family: str = "H100"
-        max_concurrency: int = 4
-        max_queue: int = 0
-        load: int = 0
-        health: float = 1.0
-        ttft_ms: float | None = 50.0
-        service_ms: float | None = 500.0
-
-        def circuit_allows(self, now: float) -> bool:
-            return True
-
-    nodes = [N(f"n{i}") for i in range(4)]
-    fleet = Fleet(("H100",), [], {})
-    fleet.index["H100"] = nodes  # type: ignore[assignment]
+    nodes = [world.Node(f"n{i}", max_queue=0, ttft_ms=50.0, service_ms=500.0, models=("m",))
+             for i in range(4)]
+    fleet = world.Fleet(nodes)
     policy = AffinityPolicy("p", ("H100",), None, "latency", 0.0)
     rng = random.Random(0)
     for _ in range(12):  # 12 requests with the same leading block, none finishing
