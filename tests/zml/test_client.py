@@ -173,6 +173,14 @@ def test_extra_body_is_merged(drive: Any, fleet: Fleet) -> None:
          "accelerator", "not both"),
         ({"model": "m", "messages": MSGS, "timeout": -1}, "timeout", "positive"),
         ({"model": "m", "messages": MSGS, "metadata": ["team"]}, "metadata", "must be a dict"),
+        # metadata is echoed in routing.metadata (JSON): what JSON cannot carry fails here,
+        # before a node does the work, not when the answer is serialised
+        ({"model": "m", "messages": MSGS, "metadata": {"team": "x\ud800"}}, "metadata.team",
+         "lone surrogate"),
+        ({"model": "m", "messages": MSGS, "metadata": {"cost": float("nan")}}, "metadata.cost",
+         "finite"),
+        ({"model": "m", "messages": MSGS, "metadata": {"when": object()}}, "metadata.when",
+         "cannot be sent as JSON"),
     ],
 )
 def test_bad_arguments_fail_before_sending(

@@ -17,7 +17,14 @@ from ..config import suggest
 from ..errors import InvalidRequestError
 from ..policy import Policy
 from ..transport import encode_body
-from ..validation import ROLES, check_params, check_timeout, check_timeouts, validate_messages
+from ..validation import (
+    ROLES,
+    check_json,
+    check_params,
+    check_timeout,
+    check_timeouts,
+    validate_messages,
+)
 
 __all__ = ["OPENAI_PARAMS", "ROLES", "Request", "Timeouts", "build_body", "validate_messages"]
 
@@ -170,7 +177,13 @@ def build_body(
 
 
 def frozen_metadata(metadata: object) -> Mapping[str, Any]:
-    """The caller's ``metadata=`` as a read-only mapping (validated: a dict with str keys)."""
+    """The caller's ``metadata=`` as a read-only mapping.
+
+    Validated as JSON (:func:`~zml.validation.check_json`: str keys, finite numbers, UTF-8
+    text, at most :data:`~zml.validation.MAX_REQUEST_DEPTH` deep), because it is echoed in
+    ``routing.metadata``, which responses, the gateway and telemetry serialise: a value that
+    cannot be written as JSON must fail here, before a node does the work, not afterwards.
+    """
     if metadata is None:
         return MappingProxyType({})
     if not isinstance(metadata, Mapping):
@@ -182,4 +195,7 @@ def frozen_metadata(metadata: object) -> Mapping[str, Any]:
             raise InvalidRequestError(
                 f"metadata keys must be strings, got {key!r}", param="metadata"
             )
-    return MappingProxyType(dict(metadata))
+    plain = dict(metadata)
+    if plain:
+        check_json(plain, "metadata")
+    return MappingProxyType(plain)
