@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +44,18 @@ def answer(request: httpx2.Request) -> httpx2.Response:
                      "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
     })
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[sqlite3.Connection]:
+    """Another connection holding the database with ``BEGIN EXCLUSIVE`` (nobody else reads)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN EXCLUSIVE")
+        yield conn
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from zml_policy_sqlite import PolicyStore
 from zml_policy_sqlite.cli import run
+from zml_policy_sqlite.store import StoreError
 
 
 def cli(*args: str | Path) -> int:
@@ -97,3 +99,67 @@ def test_console_script_and_module(db: Path, config: Path) -> None:
                             env=env, capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.startswith("p\tH100")
+
+
+def test_unset_of_a_field_policy_lacks_is_refused_with_a_suggestion(
+    db: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli("add", "lt", "--db", db, "--config", config, "--chain", "H100",
+               "--latency-target-ms", "300") == 0
+    capsys.readouterr()
+    assert cli("update", "lt", "--db", db, "--config", config,
+               "--unset", "latency_target") == 1
+    err = capsys.readouterr().err
+    assert "--unset 'latency_target': not a Policy field; did you mean 'latency_target_ms'?" in err
+    assert len(err.strip().splitlines()) == 1
+    assert cli("update", "lt", "--db", db, "--config", config, "--unset", "zzz") == 1
+    assert "(fields: accelerator_chain, " in capsys.readouterr().err
+    assert cli("update", "lt", "--db", db, "--config", config, "--unset", "latency_target_ms",
+               "--latency-target-ms", "5") == 1
+    assert "also gives latency_target_ms a value" in capsys.readouterr().err
+    with PolicyStore(db) as store:
+        assert store.get("lt") == {"accelerator_chain": ["H100"], "latency_target_ms": 300.0}
+
+
+@pytest.mark.parametrize("flags", [
+    ["--latency-target-ms", "inf"],
+    ["--max-queue-ms", "nan"],
+    ["--health-threshold=-inf"],
+    ["--latency-target-ms", "1e999"],
+    ["--json", '{"latency_target_ms": Infinity}'],
+])
+def test_numbers_that_are_not_finite_are_refused(
+    db: Path, config: Path, capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    assert cli("add", "p", "--db", db, "--config", config, "--chain", "H100", *flags) == 1
+    err = capsys.readouterr().err
+    assert "numbers must be finite (JSON has no NaN or infinity)" in err
+    assert len(err.strip().splitlines()) == 1
+    assert cli("add", "q", "--db", db, "--config", config, "--chain", "H100") == 0
+    assert cli("update", "q", "--db", db, "--config", config, *flags) == 1
+    with PolicyStore(db) as store:
+        assert store.items() == [("q", {"accelerator_chain": ["H100"]})]
+
+
+def test_a_stored_infinity_must_be_replaced_or_unset_by_an_update(
+    db: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with PolicyStore(db) as store:
+        store.add("p", {"accelerator_chain": ["H100"]})
+    with sqlite3.connect(db) as conn:  # written by hand, before the command line refused it
+        conn.execute("UPDATE zml_policies SET fields = ? WHERE name = 'p'",
+                     ('{"accelerator_chain":["H100"],"latency_target_ms":Infinity}',))
+    conn.close()
+    assert cli("update", "p", "--db", db, "--config", config, "--cost-priority", "cost") == 1
+    assert "latency_target_ms = inf: numbers must be finite" in capsys.readouterr().err
+    assert cli("update", "p", "--db", db, "--config", config,
+               "--unset", "latency_target_ms") == 0
+    with PolicyStore(db) as store:
+        assert store.get("p") == {"accelerator_chain": ["H100"]}
+
+
+def test_the_store_refuses_to_write_what_json_cannot_hold(tmp_path: Path) -> None:
+    with PolicyStore(tmp_path / "s.db") as store:
+        with pytest.raises(StoreError, match="not a finite number"):
+            store.add("p", {"accelerator_chain": ["H100"], "latency_target_ms": float("inf")})
+        assert store.items() == []

@@ -7,16 +7,17 @@ import os
 import sqlite3
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx2
 import pytest
 
 import zml
-from zml_policy_sqlite import SQLitePolicySource
+from zml_policy_sqlite import PolicyStore, SQLitePolicySource
 from zml_policy_sqlite.cli import run
 
-from .conftest import answer
+from .conftest import answer, locked
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -93,6 +94,40 @@ def test_async_client_sees_edits_too(db: Path, config: Path) -> None:
             return [first.routing.accelerator, second.routing.accelerator]
 
     assert asyncio.run(main()) == ["MI300X", "H100"]
+
+
+def test_requests_keep_working_while_the_database_is_locked(db: Path, config: Path) -> None:
+    add(db, config, "a", "MI300X")
+    add(db, config, "b", "H100")
+
+    async def in_async_client() -> str:
+        http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
+        async with zml.AsyncClient(config=config, http_client=http) as c:
+            r = await asyncio.wait_for(c.infer("m", MSGS, policy="a", timeout=5), 60)
+            return r.routing.accelerator
+
+    with client(config) as c:
+        assert c.infer("m", MSGS, policy="a").routing.accelerator == "MI300X"
+        with locked(db):
+            # "b" was never asked for: the source answers it from the snapshot it read
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                futures = [pool.submit(c.infer, "m", MSGS, policy="ab"[i % 2], timeout=5)
+                           for i in range(4)]
+                got = [f.result(timeout=60).routing.accelerator for f in futures]
+            assert got == ["MI300X", "H100"] * 2
+            assert asyncio.run(in_async_client()) == "MI300X"
+
+
+def test_a_client_built_while_the_database_is_locked_fails_only_named_lookups(
+    db: Path, config: Path
+) -> None:
+    with PolicyStore(db) as store:  # not the command line: it builds a client, which reads
+        store.add("a", {"accelerator_chain": ["MI300X"]})
+    with locked(db):
+        c = client(config)  # builds: the source has no snapshot yet, but does not raise
+        with c, pytest.raises(zml.PolicyConfigError, match="database is locked") as info:
+            c.infer("m", MSGS, policy="a", timeout=5)
+    assert f"sqlite:{db}" in str(info.value)
 
 
 def test_database_wins_over_zml_toml(db: Path, config: Path) -> None:

@@ -3,8 +3,9 @@
 Every write is validated first, against the fleet registry a zml client would build from the
 same configuration (``--config PATH``, else ``$ZML_CONFIG``, else ``./zml.toml``, plus any
 fleet-source plugins): a policy with an unknown family or a bad field is refused with zml's
-``PolicyConfigError`` message, and nothing is written. Exit status: 0 done, 1 refused or
-failed, 2 bad command line.
+``PolicyConfigError`` message, and nothing is written. So are a number that is not finite
+(``inf``, ``nan``: JSON cannot hold it) and ``--unset`` of a field ``zml.Policy`` does not have.
+Exit status: 0 done, 1 refused or failed, 2 bad command line.
 
 Examples::
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sqlite3
 import sys
@@ -27,10 +29,12 @@ from typing import Any
 
 import zml
 from zml.cli.policy_args import add_policy_arguments, policy_fields
+from zml.config import suggest
 
 from .store import ENV_DB, PolicyStore, StoreError
 
 __all__ = ["main"]
+
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -80,6 +84,48 @@ def validate(name: str, fields: dict[str, Any], config: str | None) -> dict[str,
     return stored
 
 
+def _check_finite(fields: dict[str, Any]) -> None:
+    """Refuse a NaN or infinite number anywhere in ``fields`` (``zml.PolicyConfigError``).
+
+    The table is read as JSON by other tools too, and JSON has neither.
+    """
+    stack: list[tuple[str, object]] = list(fields.items())
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise zml.PolicyConfigError(
+                f"{where} = {value!r}: numbers must be finite (JSON has no NaN or infinity); "
+                "give a finite value or leave the field out",
+                field=where,
+                value=value,
+            )
+        if isinstance(value, dict):
+            stack += [(f"{where}.{k}", v) for k, v in value.items()]
+        elif isinstance(value, list):
+            stack += [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _check_unset(names: Sequence[str], given: dict[str, Any]) -> None:
+    """Refuse ``--unset`` of a field ``zml.Policy`` lacks, or of one also given a value."""
+    fields = [f for f in zml.Policy.model_fields if f != "name"]
+    for name in names:
+        if name in given:
+            raise zml.PolicyConfigError(
+                f"--unset {name}: the command line also gives {name} a value; drop one of them",
+                field="--unset",
+                value=name,
+            )
+        if name not in fields:
+            hint = suggest(name, fields)
+            raise zml.PolicyConfigError(
+                f"--unset {name!r}: not a Policy field"
+                + (f"; did you mean {hint!r}?" if hint else f" (fields: {', '.join(fields)})"),
+                field="--unset",
+                value=name,
+                suggestion=hint,
+            )
+
+
 def _describe(name: str, fields: dict[str, Any]) -> str:
     chain = ",".join(fields.get("accelerator_chain", []))
     rest = " ".join(f"{k}={v}" for k, v in sorted(fields.items()) if k != "accelerator_chain")
@@ -95,16 +141,20 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         with PolicyStore(args.db) as store:
             if args.command == "add":
-                fields = validate(args.name, policy_fields(args), args.config)
-                store.add(args.name, fields)
+                given = policy_fields(args)
+                _check_finite(given)
+                store.add(args.name, validate(args.name, given, args.config))
                 print(f"added policy {args.name!r} to {args.db}")
             elif args.command == "update":
+                given = policy_fields(args)
+                _check_unset(args.unset, given)
                 current = store.get(args.name)
                 if current is None:
                     raise StoreError(f"no policy {args.name!r} in {args.db}; use 'add'")
-                merged = {**current, **policy_fields(args)}
+                merged = {**current, **given}
                 for field in args.unset:
                     merged.pop(field, None)
+                _check_finite(merged)
                 store.put(args.name, validate(args.name, merged, args.config))
                 print(f"updated policy {args.name!r} in {args.db}")
             elif args.command == "list":

@@ -1,23 +1,61 @@
-"""The read side: a zml policy source over the database, cheap to poll for changes.
+"""The read side: a zml policy source over the database, cheap to poll and never blocking.
 
-A client asks ``version()`` on every named-policy lookup; it is SQLite's ``PRAGMA
-data_version``, which changes exactly when another connection (the command line, another
-tool) committed to the file. The query costs microseconds and is made at most once a
-millisecond; only when the version moved does the client drop its cached policies and read
-the names it is asked for again.
+A client asks ``version()`` on every named-policy lookup, synchronously and before the
+request's deadline applies, so a lookup must not wait for the file. The source answers from
+a snapshot of the whole table kept in memory, and reads the table again only when SQLite's
+``PRAGMA data_version`` moved (it changes exactly when another connection committed to the
+file): one query of microseconds per lookup while nothing changes.
+
+When the file cannot be read (another connection holds a lock: a long write, ``BEGIN
+EXCLUSIVE``; a disk error), the read connection gives up after ``busy_timeout_s`` (50 ms),
+and a thread that finds another one reading does not wait for it. The source then keeps
+answering from its last snapshot, logs one warning per outage on the ``zml.policy_sqlite``
+logger, and tries the file again at most every ``retry_interval_s`` (1 s): the policies it
+serves are stale by at most the outage plus that interval. Only a source that has never read
+the file fails, with :class:`zml.PolicyConfigError`.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+import zml
 
 from .store import TABLE, connect, decode
 
 __all__ = ["SQLitePolicySource"]
+
+log = logging.getLogger("zml.policy_sqlite")
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """The table as last read: ``serial`` changes exactly when ``rows`` did."""
+
+    serial: int
+    data_version: int
+    rows: Mapping[str, str]
+    """Name → the stored ``fields`` text (decoded on lookup: a bad row fails only its name)."""
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value) or value < 0:
+        raise zml.PolicyConfigError(
+            f"SQLitePolicySource: {name} must be a finite number of seconds >= 0, "
+            f"got {value!r}",
+            field=name,
+            value=value,
+        )
+    return float(value)
 
 
 class SQLitePolicySource:
@@ -25,55 +63,160 @@ class SQLitePolicySource:
 
     The connection is opened on first use (creating the file and its table if missing, so a
     client may start before the first policy is added) and shared by the threads of the
-    process under a lock.
+    process; see the module docstring for what happens while the file is locked.
+
+    Args:
+        path: the database file.
+        poll_interval_s: ask ``PRAGMA data_version`` at most this often (0: on every lookup).
+        busy_timeout_s: how long one read waits for another connection's lock.
+        retry_interval_s: after a failed read, how long lookups use the last snapshot before
+            the file is tried again.
     """
 
-    def __init__(self, path: str | os.PathLike[str], poll_interval_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        poll_interval_s: float = 0.0,
+        *,
+        busy_timeout_s: float = 0.05,
+        retry_interval_s: float = 1.0,
+    ) -> None:
+        if not isinstance(path, str | os.PathLike):
+            raise zml.PolicyConfigError(
+                f"SQLitePolicySource: path must be a file path, got {type(path).__name__}",
+                field="path",
+            )
         self.path = os.fspath(path)
         self.name = f"sqlite:{self.path}"
-        self.poll_interval_s = poll_interval_s
+        self.poll_interval_s = _seconds("poll_interval_s", poll_interval_s)
+        self.busy_timeout_s = _seconds("busy_timeout_s", busy_timeout_s)
+        self.retry_interval_s = _seconds("retry_interval_s", retry_interval_s)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
-        self._version = 0
+        self._snapshot: _Snapshot | None = None
+        self._error: str | None = None  # the current outage's cause (None: the last read worked)
         self._next_poll = 0.0
+        self._next_retry = 0.0
 
     def __repr__(self) -> str:
         return f"SQLitePolicySource({self.path!r})"
 
-    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        with self._lock:
-            if self._conn is None:
-                self._conn = connect(self.path)
-            return self._conn.execute(sql, params).fetchall()
+    # --- reading ---------------------------------------------------------------------------
+
+    def _refresh(self) -> _Snapshot | None:
+        """The snapshot, read again first if due; None while the file was never read."""
+        snapshot = self._snapshot
+        if time.monotonic() < self._next_poll:
+            return snapshot
+        # With a snapshot, never queue behind a reading thread: what it reads is what this
+        # lookup would have read. Without one, wait for that read (bounded: a few busy timeouts).
+        if snapshot is not None:
+            if not self._lock.acquire(blocking=False):
+                return snapshot
+        elif not self._lock.acquire(timeout=4 * self.busy_timeout_s + 0.5):
+            return self._snapshot
+        try:
+            now = time.monotonic()
+            if self._error is not None and now < self._next_retry:
+                return self._snapshot
+            self._next_poll = now + self.poll_interval_s
+            try:
+                self._snapshot = self._read()
+            except sqlite3.Error as exc:
+                self._failed(exc, now)
+            else:
+                if self._error is not None:
+                    log.info("policy source %r: the database is readable again", self.name)
+                    self._error = None
+            return self._snapshot
+        finally:
+            self._lock.release()
+
+    def _read(self) -> _Snapshot:
+        """Read ``data_version``, and the table if it moved (call with the lock held)."""
+        old = self._snapshot
+        reopened = self._conn is None
+        if self._conn is None:
+            self._conn = connect(self.path, timeout=self.busy_timeout_s)
+        data_version = int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+        # data_version counts per connection: after reopening, only the rows can tell.
+        if old is not None and not reopened and old.data_version == data_version:
+            return old
+        rows = {name: text for name, text in self._conn.execute(f"SELECT name, fields FROM {TABLE}")
+                if isinstance(name, str)}
+        if old is not None and old.rows == rows:
+            return _Snapshot(old.serial, data_version, old.rows)
+        return _Snapshot(1 if old is None else old.serial + 1, data_version, rows)
+
+    def _failed(self, exc: sqlite3.Error, now: float) -> None:
+        """Record a failed read (lock held): back off, warn once per outage, reconnect later."""
+        if self._conn is not None:
+            self._conn.close()  # a fresh connection on retry, whatever went wrong
+            self._conn = None
+        self._next_retry = now + self.retry_interval_s
+        first = self._error is None
+        self._error = f"{type(exc).__name__}: {exc}"
+        if first and self._snapshot is not None:
+            log.warning(
+                "policy source %r cannot read the database (%s); serving the %d policies "
+                "it read last until it can (trying again every %gs)",
+                self.name, self._error, len(self._snapshot.rows), self.retry_interval_s,
+            )
+
+    def _current(self, what: str) -> _Snapshot:
+        snapshot = self._refresh()
+        if snapshot is None:
+            raise zml.PolicyConfigError(
+                f"policy source {self.name!r} cannot {what}: it has not been able to read "
+                f"the database yet ({self._error or 'another thread is still reading it'}); "
+                "check that the file is a readable SQLite database that no connection keeps "
+                "locked (a long write, BEGIN EXCLUSIVE), then retry",
+                field="policy",
+                source=self.name,
+            )
+        return snapshot
+
+    # --- PolicySource ----------------------------------------------------------------------
 
     def version(self) -> int:
-        """``PRAGMA data_version``: changes when another connection commits.
+        """A token that changes when the stored policies did (0 until the first read).
 
-        Asked on every lookup by default (a few microseconds), so an edit is seen by the next
-        request; with ``poll_interval_s`` > 0, at most that often (lookups in between reuse
-        the last answer, and a change is seen within that interval).
+        Asked on every lookup by default (one ``PRAGMA data_version``, a few microseconds), so
+        an edit is seen by the next request; with ``poll_interval_s`` > 0, at most that often.
+        Never raises for the database: while it cannot be read, the last token stays.
         """
-        now = time.monotonic()
-        if now >= self._next_poll:
-            self._version = int(self._query("PRAGMA data_version")[0][0])
-            self._next_poll = now + self.poll_interval_s
-        return self._version
+        snapshot = self._refresh()
+        return 0 if snapshot is None else snapshot.serial
 
     def get(self, name: str) -> dict[str, Any] | None:
-        """The stored fields of policy ``name`` (``name`` included), or None."""
-        rows = self._query(f"SELECT fields FROM {TABLE} WHERE name = ?", (name,))
-        if not rows:
+        """The stored fields of policy ``name`` (``name`` included), or None.
+
+        Raises:
+            zml.PolicyConfigError: the database was never readable, or the row is not a JSON
+                object (edited by hand).
+        """
+        text = self._current(f"look up policy {name!r}").rows.get(name)
+        if text is None:
             return None
-        fields = decode(name, rows[0][0])
+        try:
+            fields = decode(name, text)
+        except (ValueError, TypeError) as exc:
+            raise zml.PolicyConfigError(
+                f"policy source {self.name!r}: policy {name!r} is not stored as a JSON object "
+                f"({exc}); rewrite it with 'zml-policy-sqlite update' or remove it",
+                field="policy",
+                value=name,
+                source=self.name,
+            ) from None
         fields["name"] = name
         return fields
 
     def list(self) -> list[str]:
-        """The stored policy names, sorted."""
-        return [row[0] for row in self._query(f"SELECT name FROM {TABLE} ORDER BY name")]
+        """The stored policy names, sorted (``zml.PolicyConfigError`` if never readable)."""
+        return sorted(self._current("list policies").rows)
 
     def close(self) -> None:
-        """Close the connection (it is opened again if the source is used)."""
+        """Close the connection (it is opened again, and the table read, if the source is used)."""
         with self._lock:
             if self._conn is not None:
                 self._conn.close()

@@ -9,8 +9,9 @@ Schema (created on first use)::
     )
 
 :class:`PolicyStore` writes without validating: validation needs a fleet registry, which is the
-command line's business (see :mod:`.cli`). Anything may read the table; zml clients read it
-through :class:`~zml_policy_sqlite.source.SQLitePolicySource`.
+command line's business (see :mod:`.cli`). It only refuses what JSON cannot hold (NaN,
+infinity), so anything may read the table as strict JSON; zml clients read it through
+:class:`~zml_policy_sqlite.source.SQLitePolicySource`.
 """
 
 from __future__ import annotations
@@ -35,13 +36,24 @@ SCHEMA = (
 
 
 class StoreError(Exception):
-    """A store operation that cannot be done (the name exists already, or does not exist)."""
+    """A store operation that cannot be done (the name exists already, or does not exist, or
+    a field is a number JSON cannot hold)."""
 
 
-def connect(path: str | os.PathLike[str]) -> sqlite3.Connection:
-    """A connection in autocommit mode (transactions are explicit), with the table created."""
-    conn = sqlite3.connect(os.fspath(path), isolation_level=None, check_same_thread=False)
-    conn.execute(SCHEMA)
+def connect(path: str | os.PathLike[str], timeout: float = 5.0) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit), with the table created.
+
+    ``timeout`` is how long a statement waits for another connection's lock before it fails
+    with ``sqlite3.OperationalError`` ("database is locked").
+    """
+    conn = sqlite3.connect(
+        os.fspath(path), timeout=timeout, isolation_level=None, check_same_thread=False
+    )
+    try:
+        conn.execute(SCHEMA)
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -126,7 +138,12 @@ class PolicyStore:
 
 
 def _encode(fields: dict[str, Any]) -> str:
-    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    try:  # strict JSON: other readers of the table may not accept NaN or Infinity
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise StoreError(
+            "a policy field is not a finite number (NaN or infinity); JSON cannot store it"
+        ) from None
 
 
 def _now() -> str:
