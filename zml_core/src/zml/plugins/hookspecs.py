@@ -94,6 +94,10 @@ class PolicySource(Protocol):
     * ``subscribe(callback)``: the source calls ``callback()`` (from any thread) after a change.
 
     An optional ``name`` attribute names the source in error messages.
+
+    ``version``, ``get`` and ``list`` run on the caller's thread, before the request's deadline
+    applies (and on the event loop, for an ``AsyncClient``): they must not block. A store that
+    can be slow or locked should answer from a copy it refreshes, as zml-policy-sqlite does.
     """
 
     def get(self, name: str) -> Mapping[str, Any] | Policy | None:
