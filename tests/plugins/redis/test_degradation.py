@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from zml_redis import RedisLedger
 from zml_redis.policies import PolicyStore, RedisPolicySource
+from zml_redis.settings import Settings
 
 import zml
 from tests.conftest import MODEL
@@ -144,3 +145,30 @@ def test_a_hung_redis_costs_a_short_timeout_then_nothing(
         finally:
             own_redis.resume()
         wait_for(lambda: ledger.hub.connected, 5.0)
+
+
+def test_a_lease_key_of_the_wrong_type_is_named_and_is_no_outage(
+    sim_fleet: Callable[..., Any], redis_env: Settings, redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture, prefix: str,
+) -> None:
+    r = redis_server.client()
+    r.set(f"{prefix}:lease:h100-1", "edited by hand")
+    setup = sim_fleet(NODES[:2], POLICIES, {"H100": {}, "SLOW": {}})
+    with zml.Client(config=setup.path, probe_interval_s=None) as client:
+        ledger = client.fleet.ledger
+        assert isinstance(ledger, RedisLedger)
+        bad, good = client.fleet.node("h100-1"), client.fleet.node("h100-2")
+        assert ledger.acquire(bad, "b1")  # counted by this process alone
+        assert ledger.acquire(good, "g1") and ledger.acquire(good, "g2")
+        assert not ledger.acquire(good, "g3")  # the other node's leases are still shared
+        assert r.zcard(f"{prefix}:lease:h100-2") == 2
+        for lease, node in (("b1", bad), ("g1", good), ("g2", good)):
+            ledger.release(node, lease)
+        wait_for(lambda: r.zcard(f"{prefix}:lease:h100-2") == 0, 5.0)
+        for _ in range(3):
+            assert client.infer(model=MODEL, messages=MSG, policy="p",
+                                max_tokens=2).routing.node_id
+        assert ledger.hub.connected
+    named = [m for m in warnings_of(caplog) if f"'{prefix}:lease:h100-1'" in m]
+    assert len(named) == 1 and "wrong type" in named[0], warnings_of(caplog)
+    assert warnings_of(caplog) == named  # releases and load reads skip the key: no outage

@@ -184,3 +184,115 @@ def test_a_hand_edited_bad_row_fails_the_request_that_names_it(
     with zml.Client(config=fleet.path) as client, pytest.raises(zml.PolicyConfigError) as info:
         client.infer(model=MODEL, messages=MSG, policy="live")
     assert "not a JSON object" in str(info.value)
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("redis://u:SECRETPW@127.0.0.1:99999/0", "no valid host:port"),
+    ("redis://u:SEC#RETPW@127.0.0.1:6379/0", "contains '#'"),
+    ("http://127.0.0.1:6379", "is not a redis://"),
+    ("redis://:SECRETPW@127.0.0.1:6379/0?socket_timeout=abc", "'socket_timeout'"),
+])
+def test_a_malformed_redis_url_is_one_line_without_its_password(
+    url: str, problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["policies", "list", "--redis", url]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zml policies: error: --redis=") and problem in err, err
+    assert len(err.strip().splitlines()) == 1 and "SEC" not in err, err
+
+
+def test_an_unreachable_redis_is_one_line_without_a_query_string_password(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .conftest import free_port
+
+    monkeypatch.setenv("ZML_REDIS_URL", f"redis://127.0.0.1:{free_port()}/0?password=S3CRETPW")
+    assert main(["policies", "list"]) == 1
+    err = capsys.readouterr().err
+    assert "password=***" in err and "ConnectionError" in err, err
+    assert len(err.strip().splitlines()) == 1 and "S3CRETPW" not in err, err
+
+
+def test_a_push_file_that_is_not_utf8_is_one_line(
+    fleet: Any, redis_env: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "latin1.toml"
+    bad.write_bytes('[p]\naccelerator_chain = ["H100"]\n# café\n'.encode("latin-1"))
+    assert zml_policies(redis_env, "push", bad, "--config", fleet.path) == 1
+    err = capsys.readouterr().err
+    assert "not UTF-8 text" in err and len(err.strip().splitlines()) == 1, err
+
+
+CORRUPTIONS = [  # (what is written by hand, the key named)
+    (("set", "{p}:policies:version", "abc"), "{p}:policies:version"),
+    (("hset", "{p}:policies:versions", "a", "1.5"), "{p}:policies:versions"),
+    (("set", "{p}:policies", "x"), "{p}:policies"),
+    (("hset", "{p}:policies:version", "f", "1"), "{p}:policies:version"),
+]
+
+
+@pytest.mark.parametrize(("edit", "key"), CORRUPTIONS)
+def test_a_store_edited_by_hand_is_a_typed_error_naming_the_key(
+    fleet: Any, redis_env: Settings, redis_server: RedisServer,
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+    edit: tuple[str, ...], key: str,
+) -> None:
+    r = redis_server.client()
+    if edit[1] != "{p}:policies":
+        r.hset(redis_env.policies_key, "a", '{"accelerator_chain": ["H100"]}')
+    key = key.replace("{p}", redis_env.prefix)
+    getattr(r, edit[0])(*[a.replace("{p}", redis_env.prefix) for a in edit[1:]])
+    before = contents(r, redis_env.prefix)
+
+    with pytest.raises(zml.PolicyConfigError) as info:
+        zml.Client(config=fleet.path)
+    assert info.value.field == key and key in str(info.value)
+    assert not any("unreachable" in rec.getMessage() for rec in caplog.records)
+
+    capsys.readouterr()
+    assert zml_policies(redis_env, "list") == 1
+    err = capsys.readouterr().err
+    assert key in err and len(err.strip().splitlines()) == 1, err
+    assert zml_policies(redis_env, "push", "--config", fleet.path, "--name", "a",
+                        "--chain", "MI300X") == 1
+    assert key in err_of(capsys)
+    assert zml_policies(redis_env, "rm", "a") == 1
+    assert key in err_of(capsys)
+    assert contents(r, redis_env.prefix) == before  # nothing written, not even in part
+
+
+def contents(r: Any, prefix: str) -> dict[str, Any]:
+    """Every key of the prefix with its value (strings and hashes)."""
+    return {k: r.get(k) if r.type(k) == "string" else r.hgetall(k)
+            for k in r.keys(f"{prefix}:*")}
+
+
+def test_a_store_edited_by_hand_under_a_running_client_keeps_its_policies(
+    fleet: Any, redis_env: Settings, redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with store(redis_env) as s:
+        s.push({"a": {"accelerator_chain": ["H100"]}})
+    with zml.Client(config=fleet.path) as client:
+        source = next(s for s in client.policies.sources if isinstance(s, RedisPolicySource))
+        assert source.hub.subscribed.wait(5)
+        r = redis_server.client()
+        r.set(redis_env.store_version_key, "abc")
+        r.publish(redis_env.policies_channel, "{}")  # what a push would announce
+        deadline = time.monotonic() + 5
+        while not any(redis_env.store_version_key in m.getMessage() for m in caplog.records):
+            assert time.monotonic() < deadline, "no warning about the corrupt key"
+            time.sleep(0.01)
+        assert source.list() == ["a"] and source.hub.connected
+        assert client.infer(model=MODEL, messages=MSG, policy="a",
+                            max_tokens=2).routing.accelerator == "H100"
+        r.set(redis_env.store_version_key, "7")  # repaired: read again at the next change
+        with store(redis_env) as s:
+            s.push({"b": {"accelerator_chain": ["MI300X"]}})
+        deadline = time.monotonic() + 5
+        while source.list() != ["a", "b"]:
+            assert time.monotonic() < deadline, source.list()
+            time.sleep(0.01)
+        assert source.version == 8
+    assert not any("unreachable" in m.getMessage() or "failed" in m.getMessage()
+                   for m in caplog.records if m.name == "zml.redis")

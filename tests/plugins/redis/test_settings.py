@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from zml_redis.settings import Settings, redact
+from zml_redis.settings import Settings, SettingsError, redact
 
 import zml
 
@@ -39,11 +40,72 @@ def test_bad_values_are_refused(env: dict[str, str], message: str) -> None:
         Settings.from_env(env)
 
 
+@pytest.mark.parametrize("name", ["ZML_REDIS_LEASE_TTL_S", "ZML_REDIS_TIMEOUT_MS",
+                                  "ZML_REDIS_SYNC_S"])
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "NaN"])
+def test_numbers_that_are_not_finite_are_refused(name: str, raw: str) -> None:
+    with pytest.raises(SettingsError, match=f"{name}=.* must be a finite number") as info:
+        Settings.from_env({"ZML_REDIS_URL": "redis://h:1/0", name: raw})
+    assert isinstance(info.value, zml.PolicyConfigError) and info.value.field == name
+
+
+@pytest.mark.parametrize(("url", "problem"), [
+    ("redis://u:SECRETPW@127.0.0.1:99999/0", "no valid host:port"),
+    ("redis://u:SEC#RETPW@127.0.0.1:6379/0", "contains '#'"),
+    ("redis://u:SEC/RETPW@127.0.0.1:6379/0", "no valid host:port"),
+    ("redis://u:12/SECRETPW@127.0.0.1:6379/0", "an '@' after the host"),
+    ("redis://:SECRETPW@127.0.0.1:6379/0?socket_timeout=abc", "'socket_timeout'"),
+    ("redis://:SECRETPW@127.0.0.1:6379/0?socket_timeout=inf", "finite number of seconds"),
+    ("redis://:SECRETPW@127.0.0.1:6379/0?sockt_timeout=1", "'sockt_timeout'"),
+    ("redis://:SECRETPW@127.0.0.1:6379/zero", "database number"),
+    ("redis://:SECRETPW@127.0.0.1:0/0", "port 0"),
+    ("unix:///run/redis.sock?password=SECRETPW&db=x", "'db'"),
+    ("http://:SECRETPW@127.0.0.1:6379", "is not a redis://"),
+])
+def test_a_malformed_url_is_refused_without_its_password(url: str, problem: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"ZML_REDIS_URL": url})
+    message = str(info.value)
+    assert message.startswith("ZML_REDIS_URL=") and problem in message, message
+    assert "SEC" not in message and "SEC" not in str(info.value.value), message
+    assert isinstance(info.value, zml.PolicyConfigError) and info.value.field == "ZML_REDIS_URL"
+
+
 def test_passwords_are_not_shown() -> None:
     assert redact("redis://:s3cret@h:6379/0") == "redis://:***@h:6379/0"
     assert redact("redis://u:s3cret@h/0") == "redis://u:***@h/0"
     assert redact("redis://h:1/0") == "redis://h:1/0"
+    assert redact("redis://u:s3cret@[::1]:6379/0") == "redis://u:***@[::1]:6379/0"
     assert "s3cret" not in Settings(url="redis://:s3cret@h:1/0").where
+
+
+def test_passwords_in_the_query_string_are_not_shown() -> None:
+    assert (redact("unix:///nonexistent.sock?db=0&password=S3CRETPW")
+            == "unix:///nonexistent.sock?db=0&password=***")
+    assert (redact("redis://h:1/0?Password=a&auth_token=b&client_secret=c&ssl_pass=d&db=2")
+            == "redis://h:1/0?Password=***&auth_token=***&client_secret=***&ssl_pass=***&db=2")
+    assert redact("rediss://u:pw@h/0?ssl_password=x%20y") == "rediss://u:***@h/0?ssl_password=***"
+
+
+@pytest.mark.parametrize("url", [
+    "redis://u:SEC#RETPW@h:6379/0", "redis://u:SEC/RETPW@h:6379/0", "redis://u:12/SECRET@h/0",
+    "redis://u:SEC?RETPW@h:6379/0", "redis://:SECRETPW@h:99999/0", "u:SECRETPW@h:6379",
+    "redis://h/0?password=SEC#RET",
+])
+def test_a_url_that_does_not_parse_cleanly_loses_everything_a_password_could_be(
+    url: str,
+) -> None:
+    shown = redact(url)
+    assert "SEC" not in shown and "RET" not in shown, shown
+    assert "h" in shown
+
+
+def test_the_settings_repr_shows_the_url_without_its_password() -> None:
+    settings = Settings.from_env({"ZML_REDIS_URL": "redis://default:S3CRETPW@127.0.0.1:6379/0"})
+    assert repr(settings) == ("Settings(url='redis://default:***@127.0.0.1:6379/0', "
+                              "prefix='zml', lease_ttl_s=10.0, timeout_s=0.1, sync_s=0.5, "
+                              "ledger=True)")
+    assert "S3CRETPW" not in repr(Settings(url="unix:///s.sock?password=S3CRETPW"))
 
 
 def test_a_bad_environment_fails_the_client_build(
@@ -54,6 +116,39 @@ def test_a_bad_environment_fails_the_client_build(
     monkeypatch.setenv("ZML_REDIS_SYNC_S", "often")
     with pytest.raises(zml.PolicyConfigError, match="ZML_REDIS_SYNC_S"):
         zml.Client(config=setup.path)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("ZML_REDIS_URL", "redis://u:SECRETPW@127.0.0.1:99999/0"),
+    ("ZML_REDIS_URL", "redis://u:SEC#RETPW@127.0.0.1:6379/0"),
+    ("ZML_REDIS_URL", "redis://:SECRETPW@127.0.0.1:6379/0?socket_timeout=abc"),
+    ("ZML_REDIS_LEASE_TTL_S", "nan"),
+    ("ZML_REDIS_TIMEOUT_MS", "inf"),
+])
+def test_a_malformed_value_fails_the_client_build_with_a_typed_error(
+    sim_fleet: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, name: str, value: str,
+) -> None:
+    setup = sim_fleet([{"id": "a", "family": "H100", "max_concurrency": 1}])
+    monkeypatch.setenv("ZML_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(zml.PolicyConfigError) as info:
+        zml.Client(config=setup.path)
+    assert str(info.value).startswith(f"zml-redis: {name}=") and info.value.field == name
+    assert "SEC" not in str(info.value)
+
+
+def test_the_unreachable_warning_does_not_show_a_query_string_password(
+    sim_fleet: Callable[..., Any], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, tmp_path: Any,
+) -> None:
+    setup = sim_fleet([{"id": "a", "family": "H100", "max_concurrency": 1}])
+    monkeypatch.setenv("ZML_REDIS_URL", f"unix://{tmp_path}/none.sock?db=0&password=S3CRETPW")
+    caplog.set_level(logging.WARNING, logger="zml.redis")
+    with zml.Client(config=setup.path) as client:
+        assert client.fleet.ledger is not None
+    warnings = [r.getMessage() for r in caplog.records if r.name == "zml.redis"]
+    assert any("unreachable" in m and "password=***" in m for m in warnings), warnings
+    assert not any("S3CRETPW" in m for m in warnings), warnings
 
 
 def test_without_the_url_the_settings_are_not_even_imported(tmp_path: Any) -> None:

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .hub import Hub, hub_for
     from .ledger import RedisLedger
-    from .policies import PolicyStore, RedisPolicySource, Snapshot, StoreError
-    from .settings import Settings
+    from .policies import CorruptStoreError, PolicyStore, RedisPolicySource, Snapshot, StoreError
+    from .settings import Settings, SettingsError
 
 ENV_URL = "ZML_REDIS_URL"
 """The variable that turns the plugin on (the rest of the settings: :mod:`zml_redis.settings`)."""
@@ -41,7 +41,9 @@ _EXPORTS = {
     "RedisPolicySource": "policies",
     "Snapshot": "policies",
     "StoreError": "policies",
+    "CorruptStoreError": "policies",
     "Settings": "settings",
+    "SettingsError": "settings",
 }
 
 
@@ -56,11 +58,13 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ENV_URL",
+    "CorruptStoreError",
     "Hub",
     "PolicyStore",
     "RedisLedger",
     "RedisPolicySource",
     "Settings",
+    "SettingsError",
     "Snapshot",
     "StoreError",
     "hub_for",

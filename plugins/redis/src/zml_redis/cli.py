@@ -4,8 +4,10 @@ Every push is validated first, against the fleet registry a zml client would bui
 same configuration (``--config PATH``, else ``$ZML_CONFIG``, else ``./zml.toml``, plus any
 fleet-source plugins): a policy with an unknown family or a bad field is refused with zml's
 ``PolicyConfigError`` (printed by ``zml`` as one line, exit status 2) and **nothing** is
-written, not even the valid policies of the same file. Other failures (Redis unreachable, an
-unreadable file, a missing policy) exit with status 1.
+written, not even the valid policies of the same file. A URL redis-py cannot use (``--redis``
+or ``$ZML_REDIS_URL``) exits with status 2; other failures (Redis unreachable, an unreadable or
+non-UTF-8 file, a missing policy, a store key edited by hand into something ``push`` never
+writes) exit with status 1. Every failure is one line, without the URL's password.
 
 Examples::
 
@@ -33,7 +35,7 @@ else:  # pragma: no cover
 import zml
 from zml.cli.policy_args import add_policy_arguments, policy_fields
 
-from .settings import ENV_PREFIX, ENV_URL, redact
+from .settings import ENV_PREFIX, ENV_URL, SettingsError, check_url, redact, scrub
 
 if TYPE_CHECKING:
     from zml.config import Registry
@@ -91,6 +93,9 @@ def load_policy_file(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise CommandError(f"cannot read {str(file)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CommandError(f"{file}: not UTF-8 text (byte {exc.start}): save it as UTF-8"
+                           ) from None
     data: Any
     try:
         if file.suffix.lower() == ".json":
@@ -178,6 +183,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"zml policies: error: pass --redis URL or set {ENV_URL}", file=sys.stderr)
         return 2
     prefix = args.prefix or os.environ.get(ENV_PREFIX, "").strip() or "zml"
+    try:
+        check_url(url, "--redis" if args.redis else ENV_URL)
+    except SettingsError as exc:
+        print(f"zml policies: error: {exc}", file=sys.stderr)
+        return 2
     where = redact(url)
     try:
         if args.policies_command == "push":
@@ -221,8 +231,8 @@ def run(args: argparse.Namespace) -> int:
     except (CommandError, StoreError) as exc:
         print(f"zml policies: error: {exc}", file=sys.stderr)
     except redis.RedisError as exc:
-        print(f"zml policies: error: Redis at {where}: {type(exc).__name__}: {exc}",
-              file=sys.stderr)
+        print(f"zml policies: error: Redis at {where}: {type(exc).__name__}: "
+              f"{scrub(str(exc), url)}", file=sys.stderr)
     return 1
 
 

@@ -21,7 +21,9 @@ What runs where:
   fleets, and tells the policy source about store changes.
 
 Degradation: the first refused or dropped connection (or three acquire timeouts in a row)
-marks the hub *down* and logs ONE warning (logger ``zml.redis``). While down, every acquire answers True at once without I/O (the process's own
+marks the hub *down* and logs ONE warning (logger ``zml.redis``). (A lease key edited by hand
+into another type is no outage: one warning names it, and only that node's slots are counted
+locally.) While down, every acquire answers True at once without I/O (the process's own
 slot accounting still holds, as without the plugin) and the leases granted meanwhile are kept
 locally; when Redis answers again, they are written back, the policy store is read again, and
 one INFO line says shared state resumed.
@@ -54,7 +56,7 @@ from redis.retry import Retry
 from zml.fleet import Fleet, NodeState, report_load as merge_load
 
 from . import scripts
-from .settings import Settings
+from .settings import Settings, scrub
 
 __all__ = ["Attached", "Hub", "close_all", "hub_for", "report_load"]
 
@@ -149,6 +151,7 @@ class Hub:
         }
         self._subscribed_callbacks: list[Callable[[], None]] = []
         self._down = False
+        self._wrong_keys: set[str | None] = set()  # reported by refused()
         self._timeouts = 0
         self.outages = 0
         """How many times Redis was found unreachable (each logged once)."""
@@ -329,7 +332,7 @@ class Hub:
                 lone = self._timeouts < TIMEOUTS_TO_DOWN
             if lone:
                 return self._hold(key, lease_id)
-        self.failed(exc)
+        self.failed(exc, key)
         return self._hold(key, lease_id)
 
     def _granted(self, node: NodeState, key: str, lease_id: str, count: int) -> bool:
@@ -405,20 +408,39 @@ class Hub:
 
     # --- up and down ---------------------------------------------------------------------------
 
-    def failed(self, exc: BaseException) -> None:
-        """A Redis command failed: go down (one warning per outage); the worker retries."""
+    def failed(self, exc: BaseException, key: str | None = None) -> None:
+        """A Redis command (on ``key``, if known) failed: go down (one warning per outage);
+        the worker retries. A key of the wrong type is no outage: see :meth:`refused`."""
+        if isinstance(exc, ResponseError) and "WRONGTYPE" in str(exc):
+            self.refused(exc, key)
+            return
         with self._lock:
             if self._down or self._stop.is_set():
                 return
             self._down = True
             self.outages += 1
             self._events.clear()
+        state = ("refuses the plugin's commands" if isinstance(exc, ResponseError)
+                 else "is unreachable")
         log.warning(
-            "zml-redis: Redis at %s is unreachable (%s: %s); serving with this process's own "
-            "fleet state until it is back (retrying every %.1f s)",
-            self.settings.where, type(exc).__name__, exc, RECONNECT_S,
+            "zml-redis: Redis at %s %s (%s: %s); serving with this process's own fleet state "
+            "until it is back (retrying every %.1f s)",
+            self.settings.where, state, type(exc).__name__, scrub(str(exc), self.settings.url),
+            RECONNECT_S,
         )
         self._wake.set()
+
+    def refused(self, exc: BaseException, key: str | None = None) -> None:
+        """``key`` (None: some lease key) holds the wrong type of value, edited by hand: Redis
+        is reachable, so the hub stays up; one warning per key."""
+        with self._lock:
+            if key in self._wrong_keys:
+                return
+            self._wrong_keys.add(key)
+        log.warning("zml-redis: at %s, %s holds the wrong type of value (edited by hand?): "
+                    "delete it; until then this process counts that node's slots on its own "
+                    "(%s)", self.settings.where, repr(key) if key else "a lease key",
+                    scrub(str(exc), self.settings.url))
 
     def _resume(self) -> None:
         self._execute(("PING",), timeout=BACKGROUND_TIMEOUT_S)
@@ -464,8 +486,9 @@ class Hub:
                         self._sync_loads()
                 except Exception as exc:
                     self.failed(exc)
-                    next_try = time.monotonic() + RECONNECT_S
-                    continue
+                    if self._down:
+                        next_try = time.monotonic() + RECONNECT_S
+                        continue
                 timeout = min(next_renew, next_sync) - time.monotonic()
             if self._wake.wait(max(0.0, timeout)) and not self._stop.is_set():
                 # Let releases that arrive together go in one round trip (and leave the
@@ -521,7 +544,9 @@ class Hub:
         now = time.monotonic()
         for ledger in ledgers:
             for node, key in ledger.keys.items():
-                report_load(node, int(by_key[key]), now)
+                count = int(by_key[key])
+                if count >= 0:  # -1: not a sorted set (see LOADS)
+                    report_load(node, count, now)
 
     # --- the listener ----------------------------------------------------------------------------
 

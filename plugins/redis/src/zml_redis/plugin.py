@@ -56,12 +56,12 @@ _lock = threading.Lock()
 def _hub() -> Hub | None:
     if not os.environ.get(ENV_URL, "").strip():
         return None  # the settings module is not even imported (the first request's cost)
-    from .settings import Settings
+    from .settings import Settings, SettingsError
 
     try:
         settings = Settings.from_env()
-    except ValueError as exc:
-        raise zml.PolicyConfigError(f"zml-redis: {exc}") from None
+    except SettingsError as exc:
+        raise SettingsError(f"zml-redis: {exc}", field=exc.field, value=exc.value) from None
     if settings is None:
         return None
     from .hub import hub_for

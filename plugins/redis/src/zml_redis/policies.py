@@ -18,6 +18,12 @@ listener thread reads the store again when a change is announced, and after ever
 (re)subscription; then the source calls its subscribers, and clients drop their cached policies.
 A store found empty at a lower version than the one mirrored (Redis restarted without its data)
 is reported once and ignored until the next push: clients keep the policies they had.
+
+Keys edited by hand into what ``zml policies`` never writes (a key of the wrong type, a
+version that is not an integer) raise :class:`CorruptStoreError` naming the key: building a
+client then fails with a ``zml.PolicyConfigError``, ``zml policies`` prints one line, and a
+running client logs one warning and keeps the policies it had. (A single row that is not a
+JSON object only fails the requests that name that policy.)
 """
 
 from __future__ import annotations
@@ -33,21 +39,31 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
 from redis.retry import Retry
 
 import zml
 
 from . import scripts
 from .hub import Hub
-from .settings import Settings
+from .settings import Settings, check_url
 
-__all__ = ["PolicyStore", "RedisPolicySource", "Snapshot", "StoreError"]
+__all__ = ["CorruptStoreError", "PolicyStore", "RedisPolicySource", "Snapshot", "StoreError"]
 
 log = logging.getLogger("zml.redis")
 
 
 class StoreError(Exception):
     """A store operation that cannot be done (a missing policy...)."""
+
+
+class CorruptStoreError(StoreError):
+    """A key of the store holds what ``zml policies`` never writes (edited by hand): a value
+    of the wrong type, or a version that is not an integer. ``key`` names it."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -71,13 +87,39 @@ def _decode(raw: str) -> dict[str, Any] | None:
     return fields if isinstance(fields, dict) else None
 
 
+def _version(raw: Any, key: str, name: str | None = None) -> int:
+    try:
+        return int(raw or 0)
+    except ValueError:
+        where = key if name is None else f"{key} (field {name!r})"
+        fix = (f"HSET {key} {name} N" if name is not None else f"SET {key} N")
+        raise CorruptStoreError(
+            f"{where} holds {str(raw)[:40]!r}, not an integer version (edited by hand?): set "
+            f"it to a whole number, at least the highest version clients have seen "
+            f"(redis-cli {fix})", key,
+        ) from None
+
+
 def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
-    """Read the whole store atomically (one MULTI/EXEC)."""
+    """Read the whole store atomically (one MULTI/EXEC). Raises :class:`CorruptStoreError`
+    naming a key that holds the wrong type of value or a version that is not an integer."""
+    keys = (settings.policies_key, settings.policy_versions_key, settings.store_version_key)
     pipe = client.pipeline(transaction=True)
     pipe.hgetall(settings.policies_key)
     pipe.hgetall(settings.policy_versions_key)
     pipe.get(settings.store_version_key)
-    raw, versions, version = pipe.execute()
+    replies = pipe.execute(raise_on_error=False)
+    for key, reply in zip(keys, replies, strict=True):
+        if isinstance(reply, ResponseError) and str(reply).startswith("WRONGTYPE"):
+            kind = "a string" if key == settings.store_version_key else "a hash"
+            raise CorruptStoreError(
+                f"{key} holds the wrong type of value for the policy store ({kind} is "
+                f"expected; edited by hand?): delete it (redis-cli DEL {key}) and push the "
+                "policies again", key,
+            )
+        if isinstance(reply, Exception):
+            raise reply
+    raw, versions, version = replies
     policies: dict[str, dict[str, Any]] = {}
     invalid: dict[str, str] = {}
     for name, text in raw.items():
@@ -87,9 +129,10 @@ def read_snapshot(client: redis.Redis, settings: Settings) -> Snapshot:
         else:
             policies[name] = fields
     return Snapshot(
-        int(version or 0),
+        _version(version, settings.store_version_key),
         policies,
-        {name: int(versions.get(name, 0)) for name in raw},
+        {name: _version(versions.get(name), settings.policy_versions_key, name)
+         for name in raw},
         invalid,
     )
 
@@ -102,7 +145,9 @@ class PolicyStore:
     """
 
     def __init__(self, url: str, prefix: str = "zml", timeout_s: float = 2.0) -> None:
-        self.settings = Settings(url=url, prefix=prefix)
+        """Connect lazily to ``url``; a URL redis-py cannot use raises
+        :class:`~zml_redis.settings.SettingsError` (never showing its password)."""
+        self.settings = Settings(url=check_url(url, "url"), prefix=prefix)
         self.client = redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0), decode_responses=True,
@@ -133,16 +178,28 @@ class PolicyStore:
         args: list[str] = [self.settings.policies_channel]
         for name, fields in policies.items():
             args += [name, json.dumps(dict(fields), sort_keys=True)]
-        version, versions = self._push(keys=self._keys(), args=args)
+        version, versions = self._run(self._push, args)
         return int(version), {n: int(v) for n, v in zip(policies, versions, strict=True)}
+
+    def _run(self, script: Any, args: list[str]) -> Any:
+        try:
+            return script(keys=self._keys(), args=args)
+        except ResponseError as exc:
+            mark, _, rest = str(exc).partition(" ")
+            if mark != scripts.CORRUPT_MARK:
+                raise
+            key, _, why = rest.partition(" ")
+            raise CorruptStoreError(
+                f"{key} {why} (edited by hand?); nothing was written: repair or delete it "
+                "(redis-cli), then push again", key,
+            ) from None
 
     def remove(self, names: Iterable[str]) -> tuple[int, dict[str, int]]:
         """Remove policies, all or none (StoreError naming a missing one)."""
         wanted = list(dict.fromkeys(names))
         if not wanted:
             raise StoreError("nothing to remove")
-        version, result = self._remove(keys=self._keys(),
-                                       args=[self.settings.policies_channel, *wanted])
+        version, result = self._run(self._remove, [self.settings.policies_channel, *wanted])
         if int(version) == 0:
             raise StoreError(f"no policy {result!r} in the store; nothing was removed")
         return int(version), {n: int(v) for n, v in zip(wanted, result, strict=True)}
@@ -169,13 +226,20 @@ class RedisPolicySource:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._lost_reported = False
+        self._corrupt_reported: str | None = None
         self._subscribers: list[Callable[[], Callable[[], None] | None]] = []
-        hub.on_message(settings.policies_channel, self._changed)
-        hub.on_subscribed(self._resubscribed)
         try:
             self.reload()
         except redis.RedisError as exc:  # down at start: no policies from it until it is back
             hub.failed(exc)
+        except CorruptStoreError as exc:
+            raise zml.PolicyConfigError(
+                f"policy source {self.name!r}: {exc}", field=exc.key, source=self.name,
+            ) from None
+        hub.on_message(settings.policies_channel, self._changed)
+        hub.on_subscribed(self._resubscribed)
+        if hub.subscribed.is_set():  # a change announced before the handler was added
+            self._reload_or_keep()
         hub.start()
 
     def __repr__(self) -> str:
@@ -214,11 +278,24 @@ class RedisPolicySource:
         self._notify()
         return True
 
+    def _reload_or_keep(self) -> None:
+        """Reload; a store made corrupt by hand meanwhile is reported (once per key) and the
+        policies read before are kept, as for a store that lost its data."""
+        try:
+            self.reload()
+        except CorruptStoreError as exc:
+            if self._corrupt_reported != exc.key:
+                self._corrupt_reported = exc.key
+                log.warning("zml-redis: policy store %s: %s; keeping what was read before "
+                            "(%d policies)", self.name, exc, len(self.list()))
+            return
+        self._corrupt_reported = None
+
     def _changed(self, data: str) -> None:
-        self.reload()
+        self._reload_or_keep()
 
     def _resubscribed(self) -> None:
-        self.reload()  # changes announced while the listener was away
+        self._reload_or_keep()  # changes announced while the listener was away
 
     def _notify(self) -> None:
         with self._lock:

@@ -15,14 +15,25 @@ variable                     default     meaning
                                          are announced at once besides)
 ``ZML_REDIS_LEDGER``         ``1``       ``0``: share policies only, not slots and health
 ===========================  ==========  ================================================
+
+Every value is checked when a client is built: a URL redis-py could not use (a bad port, a
+``#`` or ``/`` left unencoded in a password, an unknown or malformed query parameter, a
+timeout that is not a finite positive number) or a number that is not finite or too small
+fails it with a :class:`SettingsError` (a ``zml.PolicyConfigError``) naming the variable. No
+message, log line or repr shows a password: :func:`redact` hides ``user:password@`` and the
+values of query parameters such as ``?password=`` (redis-py's form for ``unix://`` sockets).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from dataclasses import dataclass, fields
+from typing import Any
+from urllib.parse import unquote, unquote_plus, urlsplit
+
+import zml
 
 from . import ENV_URL
 
@@ -34,7 +45,10 @@ __all__ = [
     "ENV_TTL",
     "ENV_URL",
     "Settings",
+    "SettingsError",
+    "check_url",
     "redact",
+    "scrub",
 ]
 
 ENV_PREFIX = "ZML_REDIS_PREFIX"
@@ -43,17 +57,132 @@ ENV_TIMEOUT = "ZML_REDIS_TIMEOUT_MS"
 ENV_SYNC = "ZML_REDIS_SYNC_S"
 ENV_LEDGER = "ZML_REDIS_LEDGER"
 
+SECRET_WORDS = ("pass", "token", "secret")
+"""A query parameter whose name holds one of these is a secret (``?password=``: redis-py's
+form for ``unix://`` sockets); its value is never shown."""
+TIMEOUT_PARAMETERS = ("socket_timeout", "socket_connect_timeout", "timeout")
+ENCODE_HINT = "percent-encode '/', '?', '#' and '@' in a password (%2F, %3F, %23, %40)"
+
+
+class SettingsError(zml.PolicyConfigError, ValueError):
+    """A malformed ``ZML_REDIS_*`` value or Redis URL (never showing a password). ``field``
+    names the variable or option; also a ValueError, as before it was typed."""
+
+
+def _secret_name(name: str) -> bool:
+    name = unquote_plus(name).lower()
+    return any(word in name for word in SECRET_WORDS)
+
+
+def _redact_query(query: str) -> str:
+    items = []
+    for item in query.split("&"):
+        name, eq, _ = item.partition("=")
+        items.append(f"{name}=***" if eq and _secret_name(name) else item)
+    return "&".join(items)
+
+
+def _suspect(url: str) -> bool:
+    """Whether ``url`` does not split where redis-py will split it: a password holding one
+    of ``/?#`` ends the user info early, and the rest of it is taken for host, path or query."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a malformed port)
+    except ValueError:
+        return True
+    return "#" in url or "@" in parts.path + parts.query
+
 
 def redact(url: str) -> str:
-    """``url`` without its password, for messages and source names."""
+    """``url`` without its secrets, for messages, reprs and source names: the password of
+    ``user:password@`` and the values of query parameters named like ``password``, ``token``
+    or ``secret`` become ``***``. A URL that does not parse cleanly loses everything up to its
+    last ``@`` (where a password could be) and its ``#fragment``. Never raises."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if not sep or _suspect(url):
+        rest = rest.rpartition("@")[2]
+        rest, hashmark, _ = rest.partition("#")
+        head, qmark, query = rest.partition("?")
+        userinfo = "***@" if "@" in url else ""
+        return (f"{scheme}{sep}{userinfo}{head}{qmark}{_redact_query(query)}"
+                + ("#***" if hashmark else ""))
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
+    netloc = parts.netloc
+    if parts.password is not None:
+        host = netloc.rpartition("@")[2]
+        netloc = f"{parts.username}:***@{host}" if parts.username else f":***@{host}"
+    query = f"?{_redact_query(parts.query)}" if parts.query else ""
+    return f"{scheme}://{netloc}{parts.path}{query}"
+
+
+def _secrets(url: str) -> list[str]:
+    found: list[str] = []
+    _, _, rest = url.partition("://")
+    if "@" in rest:
+        found.append(rest.rpartition("@")[0])
+    with_password = rest.rpartition("@")[0].partition(":")[2]
+    found += [with_password, unquote(with_password)]
+    for item in rest.partition("?")[2].split("&"):
+        name, eq, value = item.partition("=")
+        if eq and _secret_name(name):
+            found += [value, unquote_plus(value)]
+    return sorted({s for s in found if len(s) >= 2}, key=len, reverse=True)
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (an error message about ``url``) with ``url``'s secrets replaced by ``***``."""
+    for secret in _secrets(url):
+        text = text.replace(secret, "***")
+    return text
+
+
+def check_url(url: str, name: str = ENV_URL) -> str:
+    """``url`` if redis-py can connect with it, else :class:`SettingsError` naming ``name``
+    (the variable or option), what is wrong and how to fix it, never the password."""
+    shown = f"{name}={redact(url)!r}"
+
+    def error(problem: str) -> SettingsError:
+        return SettingsError(f"{shown} {problem}", field=name, value=redact(url))
+
+    scheme = url.partition("://")[0]
+    if scheme not in ("redis", "rediss", "unix") or "://" not in url:
+        raise error("is not a redis://, rediss:// or unix:// URL "
+                    "(redis://[user:password@]host:port/db)")
+    if "#" in url:
+        raise error(f"contains '#', which would end the URL there: {ENCODE_HINT}")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise error(f"has no valid host:port (a port is 1-65535; {ENCODE_HINT})") from None
+    if port == 0:
+        raise error("has port 0: a port is 1-65535")
+    if scheme != "unix":
+        if "@" in parts.path:
+            raise error(f"has an '@' after the host: {ENCODE_HINT}")
+        db = unquote(parts.path).replace("/", "")
+        if db and not db.isdigit():
+            raise error(f"has path {parts.path!r}: the path is the database number, as in /0")
+    from redis.connection import Connection, parse_url
+    from redis.exceptions import RedisError
+
+    try:
+        kwargs: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
+        connection_class = kwargs.pop("connection_class", Connection)
+        connection_class(**kwargs)  # checks the query parameters' names; does not connect
+    except TypeError as exc:
+        raise error(f"has a query parameter redis-py does not know ({scrub(str(exc), url)})"
+                    ) from None
+    except (ValueError, RedisError) as exc:
+        raise error(f"is not usable by redis-py: {scrub(str(exc), url)}") from None
+    for parameter in TIMEOUT_PARAMETERS:
+        value = kwargs.get(parameter)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise error(f"sets {parameter}={value}: it must be a finite number of seconds "
+                        "above 0")
+    return url
 
 
 def _number(environ: Mapping[str, str], name: str, default: float, minimum: float) -> float:
@@ -63,15 +192,20 @@ def _number(environ: Mapping[str, str], name: str, default: float, minimum: floa
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
+        raise SettingsError(f"{name}={raw!r} is not a number", field=name, value=raw) from None
+    if not math.isfinite(value):
+        raise SettingsError(f"{name}={raw!r} must be a finite number (at least {minimum})",
+                            field=name, value=raw)
     if value < minimum:
-        raise ValueError(f"{name}={raw!r} must be at least {minimum}")
+        raise SettingsError(f"{name}={raw!r} must be at least {minimum}", field=name,
+                            value=raw)
     return value
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The plugin's settings (hashable: one connection hub per distinct settings)."""
+    """The plugin's settings (hashable: one connection hub per distinct settings). Its repr
+    shows the URL without its password."""
 
     url: str
     prefix: str = "zml"
@@ -103,16 +237,21 @@ class Settings:
         """The URL without its password."""
         return redact(self.url)
 
+    def __repr__(self) -> str:
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        shown["url"] = self.where
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings | None:
         """The settings in ``environ`` (default: ``os.environ``); None when ``ZML_REDIS_URL``
-        is unset or empty. Raises ValueError for a malformed value."""
+        is unset or empty. Raises :class:`SettingsError` for a malformed value (a URL redis-py
+        cannot use, a number that is not finite or too small)."""
         env = os.environ if environ is None else environ
         url = env.get(ENV_URL, "").strip()
         if not url:
             return None
-        if urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"{ENV_URL}={redact(url)!r} is not a redis://, rediss:// or unix:// URL")
+        check_url(url)
         prefix = env.get(ENV_PREFIX, "").strip() or "zml"
         return cls(
             url=url,
