@@ -5,9 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 import zml
-from zml.config import discover_path, load_registry, suggest
+from zml.config import (
+    AcceleratorConfig,
+    FaultConfig,
+    SimConfig,
+    SimProfileConfig,
+    discover_path,
+    load_registry,
+    suggest,
+)
 from zml.plugins.fleet_sources import default_registry
 
 GOOD = """
@@ -128,3 +137,93 @@ def test_suggest_finds_a_typo_or_a_case_mismatch_in_any_iterable() -> None:
     # when the choices come from an iterator (read once)
     assert suggest("mi300x", iter(["H100", "MI300X"])) == "MI300X"
     assert suggest("A10G", iter(["H100", "MI300X"])) is None
+
+
+NOT_UTF8 = b"[accelerators.H100]\n# caf\xe9\n"
+
+
+def test_a_file_that_is_not_utf8_names_the_file_and_the_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "zml.toml"
+    path.write_bytes(NOT_UTF8)
+    expected = (f"{path} is not UTF-8 text: byte 0xe9 at offset 25 cannot be decoded; a zml.toml "
+                "must be UTF-8: re-save it as UTF-8")
+    for build in (lambda: load_registry(path), lambda: zml.Client(config=path)):
+        with pytest.raises(zml.PolicyConfigError) as info:
+            build()
+        assert str(info.value) == expected and info.value.source == str(path)
+    monkeypatch.setenv("ZML_CONFIG", str(path))
+    with pytest.raises(zml.PolicyConfigError, match="is not UTF-8 text"):
+        zml.Policy(name="p", accelerator_chain=["H100"])
+
+
+@pytest.mark.parametrize("config", [123, 1.5, True, b"zml.toml", ["zml.toml"], {"nodes": []}])
+def test_config_must_be_a_path_or_a_registry(config: object) -> None:
+    with pytest.raises(zml.PolicyConfigError) as info:
+        zml.Client(config=config)  # type: ignore[arg-type]
+    assert str(info.value) == ("config must be the path of a zml.toml (a str or os.PathLike) or "
+                               f"a zml.Registry, got {type(config).__name__}")
+    assert info.value.field == "config"
+
+
+def test_a_directory_is_not_a_config_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(zml.PolicyConfigError) as info:
+        zml.Client(config=tmp_path)
+    assert str(info.value) == (f"config file {str(tmp_path)!r} is a directory, not a file; pass "
+                               f"the zml.toml file itself (e.g. {str(tmp_path / 'zml.toml')!r})")
+    monkeypatch.setenv("ZML_CONFIG", str(tmp_path))
+    for build in (zml.Client, lambda: zml.Policy(name="p", accelerator_chain=["H100"])):
+        with pytest.raises(zml.PolicyConfigError) as info:
+            build()
+        assert str(info.value).startswith(f"ZML_CONFIG={str(tmp_path)!r} is a directory, not a "
+                                          "file")
+
+
+@pytest.mark.parametrize("name", ["a" * 5000, "zml\0.toml", ""])
+def test_a_path_the_os_refuses_is_a_clear_error(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(zml.PolicyConfigError) as info:
+        zml.Client(config=name)
+    why = {"a": "cannot be used: File name too long", "z": "is not a valid path (it contains a "
+           "NUL character)", "": "is an empty path"}[name[:1]]
+    assert f"{why}; pass the path of a zml.toml" in str(info.value)
+    assert len(str(info.value)) < 400  # a 5,000-character name is shortened in the message
+    if name.isalpha():  # an empty ZML_CONFIG means "unset"; no variable can hold a NUL
+        monkeypatch.setenv("ZML_CONFIG", name)
+        with pytest.raises(zml.PolicyConfigError, match=f"ZML_CONFIG=.* {why}; fix or unset it"):
+            zml.Client()
+
+
+def _float_fields(model: type[BaseModel]) -> list[str]:
+    return [name for name, f in model.model_fields.items() if "float" in str(f.annotation)]
+
+
+INF_CASES = [
+    *((f"[accelerators.H100]\n{k} = inf\n", f"accelerators.H100.{k}")
+      for k in _float_fields(AcceleratorConfig)),
+    *((f"[accelerators.H100.sim]\n{k} = inf\n", f"accelerators.H100.sim.{k}")
+      for k in _float_fields(SimProfileConfig)),
+    *((GOOD.replace("[policies.p]", f"[nodes.sim]\n{k} = inf\n[policies.p]"), f"nodes[0].sim.{k}")
+      for k in _float_fields(SimConfig)),
+    *((GOOD.replace("[policies.p]", f"[nodes.sim.faults]\n{k} = inf\n[policies.p]"),
+       f"nodes[0].sim.faults.{k}") for k in _float_fields(FaultConfig)),
+    *((GOOD + f"{k} = inf\n", f"[policies.p] policy 'p': {k}") for k in _float_fields(zml.Policy)),
+]
+
+
+def test_the_infinity_cases_cover_every_rate_delay_cost_and_policy_number() -> None:
+    keys = [key for _, key in INF_CASES]
+    assert len(keys) >= 16 and "nodes[0].sim.faults.stall_s" in keys
+
+
+@pytest.mark.parametrize(("text", "key"), INF_CASES, ids=[key for _, key in INF_CASES])
+def test_infinity_is_refused_like_nan(tmp_path: Path, text: str, key: str) -> None:
+    path = write(tmp_path, text)
+    for value in ("inf", "-inf", "nan"):
+        path.write_text(text.replace("= inf", f"= {value}"))
+        with pytest.raises(zml.PolicyConfigError) as info:
+            zml.Client(config=path)
+        assert str(info.value).endswith(f"{key} = {value}: Input should be a finite number")

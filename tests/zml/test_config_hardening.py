@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import zml
-from zml.config import NodeConfig, load_registry, node_api_key, redact_url
+from zml.cli import main
+from zml.config import NodeConfig, display_url, load_registry, node_api_key, redact_url
 
 
 def _node(**fields: Any) -> NodeConfig:
@@ -101,3 +103,95 @@ def test_node_api_key_reads_and_checks_the_variable() -> None:
 def test_node_api_key_reads_the_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NODE_KEY_2", "sk-2")
     assert node_api_key(_node(api_key_env="NODE_KEY_2")) == "sk-2"
+
+
+# Passwords that end the URL's authority early (#, ?, /), URLs too malformed to parse (one
+# slash, no scheme, an unclosed IPv6 bracket): the password must still never be shown.
+LEAKY_URLS = [
+    "http:/alice:S3C_RETPW@127.0.0.1:8000",
+    "http://alice:S3C#RETPW@127.0.0.1:8000",
+    "http://alice:S3C?RETPW@127.0.0.1:8000",
+    "http://alice:S3C/RETPW@127.0.0.1:8000",
+    "http://alice:1234/S3C_RETPW@127.0.0.1:8000",  # parses: host "alice", port 1234, a path
+    "alice:S3C_RETPW@127.0.0.1:8000",
+    "http://alice:S3C_RETPW@[::1",
+]
+
+
+def _assert_hidden(*texts: object) -> None:
+    for text in map(str, texts):
+        assert "S3C" not in text and "RETPW" not in text and "alice" not in text, text
+
+
+@pytest.mark.parametrize("url", LEAKY_URLS)
+def test_a_malformed_url_with_credentials_never_shows_the_password(
+    url: str, tmp_path: Path
+) -> None:
+    with pytest.raises(zml.PolicyConfigError) as info:
+        _node(url=url)
+    assert "contains credentials" in str(info.value) and info.value.field == "url"
+    _assert_hidden(info.value, repr(info.value.value), info.value.args)
+    path = tmp_path / "zml.toml"
+    path.write_text(f'[accelerators.H100]\n[[nodes]]\nid = "n1"\nfamily = "H100"\n'
+                    f"url = {json.dumps(url)}\nmodels = [\"m\"]\nmax_concurrency = 1\n")
+    with pytest.raises(zml.PolicyConfigError) as info:
+        load_registry(path)
+    assert str(info.value).startswith(f"{path}: node 'n1': url ")
+    _assert_hidden(info.value, repr(info.value.value))
+
+
+def test_policy_check_never_shows_a_password_of_a_malformed_url(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "zml.toml"
+    path.write_text("[accelerators.H100]\n" + "".join(
+        f'[[nodes]]\nid = "n{i}"\nfamily = "H100"\nurl = {json.dumps(url)}\nmodels = ["m"]\n'
+        "max_concurrency = 1\n" for i, url in enumerate(LEAKY_URLS)))
+    assert main(["policy", "check", "--config", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("contains credentials") == len(LEAKY_URLS)
+    _assert_hidden(captured.out, captured.err)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '[nodes]\nid = "n1"\nurl = "http://alice:S3C_RETPW@127.0.0.1:1"\n',  # a table, not [[ ]]
+        '[[nodes]]\nid = "n1"\nfamily = "H100"\nurl = ["http://alice:S3C_RETPW@127.0.0.1:1"]\n'
+        'models = ["m"]\nmax_concurrency = 1\n',
+    ],
+)
+def test_a_url_in_a_bad_value_that_pydantic_reports_is_redacted(body: str, tmp_path: Path) -> None:
+    path = tmp_path / "zml.toml"
+    path.write_text("[accelerators.H100]\n" + body)
+    with pytest.raises(zml.PolicyConfigError) as info:
+        load_registry(path)
+    assert "127.0.0.1:1" in str(info.value)  # the value is shown, without its userinfo
+    _assert_hidden(info.value, repr(info.value.value))
+
+
+def test_an_at_sign_in_a_path_must_be_percent_encoded() -> None:
+    with pytest.raises(zml.PolicyConfigError, match="must be written %40"):
+        _node(url="http://127.0.0.1:8000/a@b")
+    assert _node(url="http://127.0.0.1:8000/a%40b").url == "http://127.0.0.1:8000/a%40b"
+
+
+def test_an_unparsable_url_is_a_clear_error() -> None:
+    with pytest.raises(zml.PolicyConfigError) as info:
+        _node(url="http://[::1")
+    assert str(info.value) == ("node 'n1': url 'http://[::1' is not a valid URL (Invalid IPv6 "
+                               "URL); write e.g. 'http://127.0.0.1:8000' or 'http://[::1]:8000'")
+    assert _node(url="http://[::1]:8000").url == "http://[::1]:8000"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http:/alice:PW@h:1", "…@h:1"),
+        ("http://alice:P/W@h:1", "…@h:1"),
+        ("http://alice:P#W@h:1", "http://h:1"),
+        ("http://h:1/x", "http://h:1/x"),
+    ],
+)
+def test_display_url_hides_everything_up_to_the_last_at(url: str, shown: str) -> None:
+    assert display_url(url) == shown

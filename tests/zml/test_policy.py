@@ -116,3 +116,33 @@ def test_policy_built_for_another_registry_is_checked_against_the_clients(
     narrow = zml.Client(config=other)
     with pytest.raises(zml.PolicyConfigError, match="'MI300X'"):
         narrow.infer(model="m", messages=[{"role": "user", "content": "x"}], policy=policy)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("latency_target_ms", True, "Input should be a valid number"),
+        ("latency_target_ms", "500", "Input should be a valid number"),
+        ("max_queue_ms", False, "Input should be a valid number"),
+        ("health_threshold", "0.5", "Input should be a valid number"),
+        ("queue_on_saturation", "no", "Input should be a valid boolean"),
+        ("queue_on_saturation", 0.0, "Input should be a valid boolean"),
+        ("queue_on_saturation", 1, "Input should be a valid boolean"),
+        ("latency_target_ms", float("inf"), "Input should be a finite number"),
+        ("max_queue_ms", float("inf"), "Input should be a finite number"),
+    ],
+)
+def test_values_of_the_wrong_type_are_refused_not_coerced(
+    client: zml.Client, field: str, value: object, expected: str
+) -> None:
+    with pytest.raises(zml.PolicyConfigError) as info:
+        zml.Policy(name="p", accelerator_chain=["H100"], **{field: value})  # type: ignore[arg-type]
+    assert str(info.value) == f"policy 'p': {field} = {value!r}: {expected}"
+    assert info.value.field == field and info.value.value == value
+
+
+def test_an_int_is_still_a_number(client: zml.Client) -> None:
+    p = zml.Policy(name="p", accelerator_chain=["H100"], latency_target_ms=500, max_queue_ms=50,
+                   health_threshold=1, queue_on_saturation=True)
+    assert (p.latency_target_ms, p.max_queue_ms, p.health_threshold) == (500.0, 50.0, 1.0)
+    assert isinstance(p.latency_target_ms, float) and p.queue_on_saturation is True

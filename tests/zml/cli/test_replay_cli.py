@@ -85,6 +85,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
         ([AZURE, "--policy", "cheep"], "no policy 'cheep'"),
         ([AZURE, "--rate-scale", "0"], "--rate-scale must be a number > 0"),
         ([AZURE, "--rate-scale", "-2"], "--rate-scale must be a number > 0"),
+        ([AZURE, "--slo-ms", "inf"], "--slo-ms must be a finite number > 0, got inf"),
         ([AZURE, "--model", "other"], "no node of the config serves --model 'other'"),
     ],
 )
@@ -111,3 +112,30 @@ def test_a_png_plot_without_matplotlib_says_how_to_get_it(config: str, tmp_path:
     assert proc.returncode == 2
     assert "pip install 'zmlai[plot]'" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "p.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "target", "message"),
+    [
+        ("--json", "{d}", "is a directory, not a file; name a file in it, e.g. '{d}/results.json'"),
+        ("--plot", "{d}", "is a directory, not a file; name a file in it, e.g. '{d}/plot.html'"),
+        ("--json", "{d}/missing/r.json", "cannot be created: '{d}/missing' does not exist"),
+        ("--plot", "{f}/p.html", "cannot be created: '{f}' is not a folder"),
+        ("--json", "", "is empty; name the file to write"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_the_replay(
+        config: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, target: str,
+        message: str) -> None:
+    (tmp_path / "file").write_text("not a folder")
+
+    def place(text: str) -> str:
+        return text.format(d=tmp_path, f=tmp_path / "file")
+
+    out = place(target)
+    status = main(["sim", "replay", AZURE, "--config", config, "--limit", "20", "--strategy",
+                   "random", flag, out])
+    captured = capsys.readouterr()
+    assert status == 2
+    assert captured.err.startswith(f"error: InvalidRequestError: {flag} {out!r} {place(message)}")
+    assert captured.out == ""  # nothing was replayed: the table comes before the files

@@ -4,7 +4,8 @@ Routing policy lives in configuration, so a mistake in it must surface when the 
 naming the file, the key and the bad value, rather than as a routing failure in production.
 
 Discovery order: an explicit path (``Client(config=...)``) > the ``ZML_CONFIG`` environment
-variable > ``./zml.toml``. The file has three kinds of table::
+variable > ``./zml.toml``; an explicit path or ``ZML_CONFIG`` must name a regular file. The
+file is UTF-8 TOML, every number in it finite. It has these tables::
 
     [accelerators.H100]          # registers a family
     cost_per_hour = 4.0          # optional, USD per node-hour
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 import threading
 from collections.abc import Iterable, Mapping
@@ -61,8 +63,10 @@ __all__ = [
     "SimProfileConfig",
     "discover_path",
     "discovered_registry",
+    "display_url",
     "load_registry",
     "node_api_key",
+    "read_config_file",
     "redact_url",
     "suggest",
 ]
@@ -75,9 +79,12 @@ TABLES = ("accelerators", "nodes", "policies", "gateway")
 
 
 class _Strict(BaseModel):
-    """Base of the configuration tables: unknown keys are refused, values frozen."""
+    """Base of the configuration tables: unknown keys are refused, values frozen, and every
+    number finite (``inf`` is refused like ``nan``)."""
 
-    model_config: ClassVar[ConfigDict] = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+    model_config: ClassVar[ConfigDict] = ConfigDict(
+        extra="forbid", frozen=True, defer_build=True, allow_inf_nan=False
+    )
 
 
 class SimProfileConfig(_Strict):
@@ -131,6 +138,8 @@ class NodeConfig(_Strict):
 
     A node's ``url`` may not carry credentials (``http://user:pass@host``): zml sends a key
     only as a Bearer token, from ``api_key_env`` (this node's own) or the client's ``api_key``.
+    Nor may it hold an ``@`` anywhere else (write ``%40`` in a path), so that a password whose
+    ``#``, ``?`` or ``/`` ends the URL's authority early can never pass as a path, nor be shown.
     """
 
     id: str = Field(min_length=1)
@@ -156,15 +165,19 @@ class NodeConfig(_Strict):
     @field_validator("url")
     @classmethod
     def _check_url(cls, value: str) -> str:
-        parts = urlsplit(value)
+        shown = display_url(value)
+        try:
+            parts = urlsplit(value)
+        except ValueError:
+            raise ValueError(f"{shown!r} is not a valid URL") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(
-                f"{value!r} is not an http(s) URL with a host; write e.g. 'http://127.0.0.1:8000'"
+                f"{shown!r} is not an http(s) URL with a host; write e.g. 'http://127.0.0.1:8000'"
             )
         try:
             parts.port  # noqa: B018 - raises ValueError on a bad port
         except ValueError:
-            raise ValueError(f"{value!r} has an invalid port") from None
+            raise ValueError(f"{shown!r} has an invalid port") from None
         return value.rstrip("/")
 
     @field_validator("api_key_env")
@@ -187,30 +200,48 @@ class NodeConfig(_Strict):
 
 
 def url_problem(url: str, node_id: object = None) -> None:
-    """Refuse a node URL with credentials or control characters (as a PolicyConfigError).
+    """Refuse a node URL with credentials, an ``@``, control characters or an unparsable
+    authority (as a PolicyConfigError).
 
-    The message shows the URL without its userinfo (:func:`redact_url`), never the password.
+    The message and ``.value`` show the URL through :func:`display_url`, never the password.
     """
     who = f"node {node_id!r}" if isinstance(node_id, str) else "a node"
+    shown = display_url(url)
     bad = next((c for c in url if ord(c) < 0x20 or ord(c) == 0x7F or c.isspace()), None)
     if bad is not None:
         raise PolicyConfigError(
-            f"{who}: url {redact_url(url)!r} contains a control character or whitespace "
+            f"{who}: url {shown!r} contains a control character or whitespace "
             f"(U+{ord(bad):04X}); write the URL on one line, without spaces",
             field="url",
-            value=redact_url(url),
+            value=shown,
         )
-    netloc = urlsplit(url).netloc
-    if "@" in netloc:
+    if "@" in url:
         raise PolicyConfigError(
-            f"{who}: url {redact_url(url)!r} (shown without them) contains credentials "
+            f"{who}: url {shown!r} (shown without them) contains credentials "
             "(user:password@); zml never "
             "sends credentials from a URL: remove them, and put the node's key in an environment "
             "variable named by api_key_env = \"NAME\" (sent as a Bearer token), or pass "
-            "api_key= / set ZML_API_KEY for every node",
+            "api_key= / set ZML_API_KEY for every node (an '@' that is part of a path must be "
+            "written %40)",
             field="url",
-            value=redact_url(url),
+            value=shown,
         )
+    try:
+        urlsplit(url)
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket
+        raise PolicyConfigError(
+            f"{who}: url {shown!r} is not a valid URL ({exc}); write e.g. "
+            "'http://127.0.0.1:8000' or 'http://[::1]:8000'",
+            field="url",
+            value=shown,
+        ) from None
+
+
+def display_url(url: str) -> str:
+    """``url`` safe to show in a message: :func:`redact_url`, and when an ``@`` is left (a URL
+    too malformed to find its userinfo), everything up to the last ``@`` replaced by ``…``."""
+    shown = redact_url(url)
+    return f"…@{shown.rsplit('@', 1)[1]}" if "@" in shown else shown
 
 
 def redact_url(url: str) -> str:
@@ -316,41 +347,92 @@ def suggest(value: str, choices: Iterable[str]) -> str | None:
 
 
 def discover_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """The config file to use: explicit > ``$ZML_CONFIG`` > ``./zml.toml`` (None if none)."""
+    """The config file to use: explicit > ``$ZML_CONFIG`` > ``./zml.toml`` (None if none).
+
+    Raises:
+        PolicyConfigError: ``explicit`` is not a path (a str or os.PathLike), or it or
+            ``$ZML_CONFIG`` does not name a regular file (missing, a directory, a name the OS
+            refuses...).
+    """
     if explicit is not None:
-        path = Path(explicit)
-        if not path.is_file():
+        try:
+            text: object = os.fspath(explicit)
+        except TypeError:
+            text = None
+        if not isinstance(text, str):
             raise PolicyConfigError(
-                f"config file {str(path)!r} does not exist; pass the path of a zml.toml",
+                "config must be the path of a zml.toml (a str or os.PathLike) or a zml.Registry, "
+                f"got {type(explicit).__name__}",
                 field="config",
-                value=str(path),
+                value=type(explicit).__name__,
             )
-        return path
+        return _config_file(text, f"config file {_short(text)!r}", "does not exist",
+                            "pass the path of a zml.toml", field="config")
     env = os.environ.get(ENV_CONFIG)
     if env:
-        path = Path(env)
-        if not path.is_file():
-            raise PolicyConfigError(
-                f"{ENV_CONFIG}={env!r} does not name an existing file; fix or unset it",
-                field=ENV_CONFIG,
-                value=env,
-            )
-        return path
+        return _config_file(env, f"{ENV_CONFIG}={_short(env)!r}", "does not name an existing file",
+                            "fix or unset it", field=ENV_CONFIG)
     local = Path("zml.toml")
     return local if local.is_file() else None
 
 
-def load_registry(path: str | os.PathLike[str]) -> Registry:
-    """Read and validate one ``zml.toml`` (policies are validated by :mod:`zml.policy`)."""
+def _config_file(text: str, what: str, missing: str, fix: str, *, field: str) -> Path:
+    """``Path(text)`` if it names a regular file, else a PolicyConfigError saying what it is."""
+    path = Path(text)
+    problem: str | None = None
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        problem = missing
+    except OSError as exc:  # e.g. a name longer than the OS allows
+        problem = f"cannot be used: {exc.strerror or exc}"
+    except ValueError:  # a NUL character
+        problem = "is not a valid path (it contains a NUL character)"
+    else:
+        if not text:  # Path("") is the working directory
+            problem = "is an empty path"
+        elif stat.S_ISDIR(mode):
+            problem = "is a directory, not a file"
+            fix = f"pass the zml.toml file itself (e.g. {_short(str(path / 'zml.toml'))!r})"
+        elif not stat.S_ISREG(mode):
+            problem = "is not a regular file"
+    if problem is None:
+        return path
+    raise PolicyConfigError(f"{what} {problem}; {fix}", field=field, value=text)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 200 else f"{text[:120]}…{text[-60:]}"
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The parsed TOML of the file at ``path``.
+
+    Raises:
+        PolicyConfigError: the file cannot be read, is not UTF-8 (naming the byte offset) or is
+            not valid TOML.
+    """
     source = str(path)
     try:
         with open(path, "rb") as f:
-            data = tomllib.load(f)
+            return tomllib.load(f)
     except OSError as exc:
-        raise PolicyConfigError(f"cannot read {source}: {exc}", source=source) from None
+        raise PolicyConfigError(f"cannot read {source}: {exc.strerror or exc}",
+                                source=source) from None
+    except UnicodeDecodeError as exc:
+        byte = exc.object[exc.start]
+        raise PolicyConfigError(
+            f"{source} is not UTF-8 text: byte 0x{byte:02x} at offset {exc.start} cannot be "
+            "decoded; a zml.toml must be UTF-8: re-save it as UTF-8",
+            source=source,
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise PolicyConfigError(f"{source} is not valid TOML: {exc}", source=source) from None
-    return registry_from_mapping(data, source=source)
+
+
+def load_registry(path: str | os.PathLike[str]) -> Registry:
+    """Read and validate one ``zml.toml`` (policies are validated by :mod:`zml.policy`)."""
+    return registry_from_mapping(read_config_file(path), source=str(path))
 
 
 def registry_from_mapping(data: Mapping[str, Any], *, source: str | None = None) -> Registry:
@@ -408,10 +490,11 @@ def _check_nodes(
 def config_error_from_validation(
     exc: ValidationError, data: Any, where: str, source: str | None
 ) -> PolicyConfigError:
-    """Turn pydantic's first error into a message naming the table/key and the bad value."""
+    """Turn pydantic's first error into a message naming the table/key and the bad value
+    (URLs in it shown through :func:`display_url`)."""
     err = first_error(exc)
     loc = _format_loc(err["loc"], data)
-    value = err.get("input")
+    value = without_secrets(err.get("input"), err["loc"][-1] if err["loc"] else None)
     hint: str | None = None
     if err["type"] == "extra_forbidden" and err["loc"]:
         key = str(err["loc"][-1])
@@ -424,6 +507,19 @@ def config_error_from_validation(
     else:
         msg = f"{where}: {loc} = {value!r}: {err['msg']}"
     return PolicyConfigError(msg, field=loc, value=value, suggestion=hint, source=source)
+
+
+def without_secrets(value: Any, key: object = None) -> Any:
+    """``value`` (a bad input, to be shown) with every URL in it through :func:`display_url`:
+    the strings under a ``url`` key, and any string that looks like a URL with an ``@``."""
+    if isinstance(value, str):
+        return display_url(value) if key == "url" or ("@" in value and ":" in value) else value
+    if isinstance(value, Mapping):
+        return {k: without_secrets(v, k) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        items = [without_secrets(v, key) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    return value
 
 
 def first_error(exc: ValidationError) -> Any:

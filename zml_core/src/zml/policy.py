@@ -53,15 +53,17 @@ class Policy(BaseModel):
         name: the policy's name (reported in ``response.routing.policy`` and routing errors).
         accelerator_chain: the families to try, in order of preference; non-empty, no
             duplicates, each registered in the fleet (``[accelerators.NAME]`` or a fleet source).
-        latency_target_ms: the time to first token the caller needs; nodes predicted to exceed
-            it are skipped (``cost_priority="cost"`` allows a 25% margin). None: no target.
+        latency_target_ms: the time to first token the caller needs, a finite number of ms
+            (an int or a float; not a bool or a string); nodes predicted to exceed it are
+            skipped (``cost_priority="cost"`` allows a 25% margin). None: no target.
         cost_priority: ``"cost"`` holds to earlier (cheaper) families up to full capacity;
             ``"latency"`` moves on once a family passes 80% utilisation; ``"balanced"`` weighs the
             cost saving of staying against latency risk. See :mod:`zml.routing`.
         queue_on_saturation: when no node is viable, wait in a client-side queue for capacity
-            instead of raising RoutingError at once.
-        max_queue_ms: how long a request may wait in that queue (default: the request's timeout).
-        health_threshold: nodes whose health score (0..1) is below it are skipped.
+            instead of raising RoutingError at once (a bool: ``1`` or ``"yes"`` is refused).
+        max_queue_ms: how long a request may wait in that queue, a finite number of ms
+            (default: the request's timeout).
+        health_threshold: nodes whose health score (0..1, a number) is below it are skipped.
         strategy: None (zml's own routing) or a baseline strategy for side-by-side trials:
             ``"round_robin"``, ``"random"``, ``"least_busy"`` or ``"latency_based"`` (see
             :mod:`zml.strategies`); a strategy ignores the chain order, the latency target and
@@ -73,15 +75,19 @@ class Policy(BaseModel):
         PolicyConfigError: at construction, for any invalid field or unregistered family.
     """
 
-    model_config: ClassVar[ConfigDict] = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    # Numbers and booleans are strict: ``true`` is not 1 ms, ``"no"`` is not False, ``"0.5"``
+    # is not a number (an int is still a valid float); ``inf`` is refused like ``nan``.
+    model_config: ClassVar[ConfigDict] = ConfigDict(
+        frozen=True, extra="forbid", defer_build=True, allow_inf_nan=False
+    )
 
     name: str = Field(min_length=1)
     accelerator_chain: tuple[str, ...] = Field(min_length=1)
-    latency_target_ms: float | None = Field(default=None, gt=0)
+    latency_target_ms: float | None = Field(default=None, gt=0, strict=True)
     cost_priority: CostPriority = "balanced"
-    queue_on_saturation: bool = False
-    max_queue_ms: float | None = Field(default=None, gt=0)
-    health_threshold: float = Field(default=0.5, ge=0, le=1)
+    queue_on_saturation: bool = Field(default=False, strict=True)
+    max_queue_ms: float | None = Field(default=None, gt=0, strict=True)
+    health_threshold: float = Field(default=0.5, ge=0, le=1, strict=True)
     strategy: Strategy | None = None
     affinity: Affinity | None = None
 

@@ -4,23 +4,19 @@ Loading a configuration stops at its first error (a client must not start on a b
 check is different: the user wants the whole list to fix in one pass. So each part of the file
 is validated on its own, with the same code and the same messages as loading: each unknown
 table, each ``[accelerators.NAME]``, each ``[[nodes]]`` entry (against the families that are
-valid), duplicate node ids, then each ``[policies.NAME]`` against the valid part of the fleet.
+valid), duplicate node ids, each ``[policies.NAME]`` against the valid part of the fleet, then
+the ``[gateway]`` table as ``zml serve`` validates it (so that "ok" here means the gateway
+starts on the file too).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping
 from typing import Any
 
-from zml.config import ConfigFile, Registry, registry_from_mapping
+from zml.config import ConfigFile, Registry, read_config_file, registry_from_mapping
 from zml.errors import PolicyConfigError, ZMLError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 __all__ = ["config_problems"]
 
@@ -29,12 +25,9 @@ def config_problems(path: str | os.PathLike[str]) -> list[str]:
     """Every problem found in the configuration file at ``path`` (empty: the file is valid)."""
     source = str(path)
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as exc:
-        return [f"cannot read {source}: {exc.strerror or exc}"]
-    except tomllib.TOMLDecodeError as exc:
-        return [f"{source} is not valid TOML: {exc}"]
+        data = read_config_file(path)
+    except PolicyConfigError as exc:
+        return [str(exc)]
     if not data:
         return [f"{source} is empty: define at least one [accelerators.NAME] family and its "
                 "[[nodes]] (`zml demo --dir .` writes an example)"]
@@ -58,7 +51,21 @@ def config_problems(path: str | os.PathLike[str]) -> list[str]:
                 problems.append(str(exc))
     elif "policies" in data:
         problems.append(_problem({"policies": policies}, source))
+    if "gateway" in data:
+        problems += _gateway(data["gateway"], source)
     return problems
+
+
+def _gateway(table: object, source: str) -> list[str]:
+    if not isinstance(table, Mapping):
+        return [_problem({"gateway": table}, source)]
+    from zml.gateway.settings import gateway_settings
+
+    try:
+        gateway_settings(Registry(source=source, gateway=table))
+    except ZMLError as exc:
+        return [str(exc)]
+    return []
 
 
 def _problem(data: Mapping[str, Any], source: str) -> str:

@@ -54,7 +54,7 @@ def sim_serve(config: str, *, time_scale: float = 1.0) -> int:
     from zml.sim.from_config import specs_from_registry
 
     console = stdout_console()
-    registry = load_registry(config)
+    registry = load_registry(discover_path(config) or config)  # a directory, a bad name: typed
     specs, ports = specs_from_registry(registry)
     if not specs:
         raise PolicyConfigError(

@@ -6,21 +6,24 @@ through the production core on a virtual clock (:mod:`zml.sim.virtual`), strateg
 replay engine (:mod:`zml.sim.rows`). ``--live`` sends the policy rows in real time to the
 config's nodes instead (:mod:`zml.sim.live`). Without
 ``--policy`` or ``--strategy``, every policy of the config and every baseline strategy is replayed. Bad input (a
-missing or malformed trace, an unknown policy or strategy, a rate scale <= 0) is one clear
-message and exit status 2.
+missing or malformed trace, an unknown policy or strategy, a rate scale <= 0, an infinite
+``--slo-ms``, a ``--json`` or ``--plot`` path that cannot be written) is one clear message and
+exit status 2, found before anything is replayed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from zml.errors import InvalidRequestError, PolicyConfigError
 
-__all__ = ["add_replay_parser", "run_replay"]
+__all__ = ["add_replay_parser", "check_output_path", "run_replay"]
 
 
 def add_replay_parser(sim_sub: Any) -> None:
@@ -77,19 +80,23 @@ def run_replay(args: argparse.Namespace) -> int:
     from zml.sim.traces import read_trace
     from zml.strategies import STRATEGIES
 
-    if not args.rate_scale > 0 or args.rate_scale == float("inf"):
+    if not (math.isfinite(args.rate_scale) and args.rate_scale > 0):
         raise InvalidRequestError(f"--rate-scale must be a number > 0, got {args.rate_scale!r}",
                                   param="rate_scale")
     if args.limit is not None and args.limit < 1:
         raise InvalidRequestError(f"--limit must be >= 1, got {args.limit!r}", param="limit")
-    if not args.time_scale > 0 or args.time_scale == float("inf"):
+    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
         raise InvalidRequestError(f"--time-scale must be a number > 0, got {args.time_scale!r}",
                                   param="time_scale")
     if args.concurrency < 1:
         raise InvalidRequestError(f"--concurrency must be >= 1, got {args.concurrency!r}",
                                   param="concurrency")
-    if args.slo_ms is not None and not args.slo_ms > 0:
-        raise InvalidRequestError(f"--slo-ms must be > 0, got {args.slo_ms!r}", param="slo_ms")
+    if args.slo_ms is not None and not (math.isfinite(args.slo_ms) and args.slo_ms > 0):
+        raise InvalidRequestError(f"--slo-ms must be a finite number > 0, got {args.slo_ms!r}",
+                                  param="slo_ms")
+    for flag, out_path in (("--json", args.json), ("--plot", args.plot)):
+        if out_path is not None:
+            check_output_path(flag, out_path)
     for name in args.strategy:
         if name not in STRATEGIES:
             hint = suggest(name, STRATEGIES)
@@ -161,14 +168,47 @@ def run_replay(args: argparse.Namespace) -> int:
     mode = "s of trace time live" if args.live else "s virtual"
     out.print(rich_table(results, title=f"{args.trace}: {len(arrivals):,} requests x "
                          f"{args.rate_scale:g} rate, {virtual:,.0f} {mode} in {wall:.1f} s"))
-    if args.json:
-        doc = replay_document(str(args.trace), len(arrivals), wall, virtual, results)
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        out.print(f"results written to {args.json}")
-    if args.plot:
-        plot(runs, args.plot)
-        out.print(f"plot written to {args.plot}")
+    try:
+        if args.json:
+            doc = replay_document(str(args.trace), len(arrivals), wall, virtual, results)
+            Path(args.json).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+            out.print(f"results written to {args.json}")
+        if args.plot:
+            plot(runs, args.plot)
+            out.print(f"plot written to {args.plot}")
+    except OSError as exc:  # checked before the replay, but the folder may have changed since
+        raise InvalidRequestError(f"cannot write {exc.filename or 'the output'}: "
+                                  f"{exc.strerror or exc}", param="output") from None
     return 0
+
+
+def check_output_path(flag: str, value: str) -> None:
+    """Refuse an output path that cannot be written (before the replay, not after it).
+
+    Raises:
+        InvalidRequestError: ``value`` is empty, a directory, in a folder that does not exist or
+            is not writable, or an existing file that is not writable.
+    """
+    path = Path(value)
+    parent = path.parent
+    problem: str | None = None
+    try:
+        if not value:
+            problem = "is empty; name the file to write"
+        elif value.endswith(os.sep) or path.is_dir():
+            example = path / ("results.json" if flag == "--json" else "plot.html")
+            problem = f"is a directory, not a file; name a file in it, e.g. {str(example)!r}"
+        elif not parent.is_dir():
+            what = "is not a folder" if parent.exists() else "does not exist"
+            problem = f"cannot be created: {str(parent)!r} {what}"
+        elif not os.access(parent, os.W_OK | os.X_OK):
+            problem = f"cannot be created: the folder {str(parent)!r} is not writable"
+        elif path.exists() and not os.access(path, os.W_OK):
+            problem = "exists and is not writable"
+    except (OSError, ValueError) as exc:  # a name too long, a NUL character...
+        problem = f"is not a usable path ({getattr(exc, 'strerror', None) or exc})"
+    if problem is not None:
+        raise InvalidRequestError(f"{flag} {value!r} {problem}", param=flag.lstrip("-"))
 
 
 def _live_row(path: Any, registry: Any, name: str, slo_ms: float | None, arrivals: Any,
