@@ -8,7 +8,8 @@
 ``zml policy check``             validate the config and list its policies
 ``zml fleet status``             probe every node (/health, /metrics) and show live state
 
-Every command takes ``--config PATH`` (default: ``$ZML_CONFIG``, else ``./zml.toml``). Errors
+Every command that reads a configuration takes ``--config PATH`` (default: ``$ZML_CONFIG``, else
+``./zml.toml``), except ``zml sim serve CONFIG``, which takes it as an argument. Errors
 are printed as one clear message and a non-zero exit, never a traceback.
 """
 
