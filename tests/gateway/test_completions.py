@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx2
+import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -197,6 +198,42 @@ def test_a_full_fleet_is_a_503_with_retry_after_one_second(serve_gateway: Make) 
     assert r.headers["retry-after"] == "1"
 
 
+def test_a_node_429_on_every_attempt_is_a_429_with_the_nodes_retry_after_rounded_up(
+        serve_gateway: Make) -> None:
+    nodes = [{"id": "h100-1", "family": "H100", "max_concurrency": 2,
+              "sim": {"faults": {"error_rate": 1.0, "error_status": 429, "retry_after_s": 1.3}}}]
+    gw = serve_gateway(nodes, {"p": {"accelerator_chain": ["H100"]}})
+    for stream in (False, True):
+        r = post(gw, {"model": MODEL, "messages": MSGS, "stream": stream},
+                 **{"x-zml-policy": "p"})
+        assert r.status_code == 429, r.text
+        assert r.headers["retry-after"] == "2"  # 1.3 s, rounded up
+        err = r.json()["error"]
+        assert err["type"] == "rate_limit_error" and err["code"] == "rate_limited"
+        ctx = err["routing_context"]
+        assert ctx["final_error"] == "attempts_exhausted" and ctx["policy"] == "p"
+        assert {a["error"] for a in ctx["attempts"]} == {"rate_limited"}
+    oa = openai.OpenAI(base_url=gw.base_url, api_key="unused", max_retries=0, timeout=30)
+    with oa, pytest.raises(openai.RateLimitError):
+        oa.chat.completions.create(model=MODEL, messages=MSGS,
+                                   extra_headers={"x-zml-policy": "p"})
+
+
+def test_a_429_and_another_failure_are_a_503_attempts_exhausted(serve_gateway: Make) -> None:
+    nodes = [{"id": "h100-1", "family": "H100", "max_concurrency": 2,
+              "sim": {"faults": {"error_rate": 1.0, "error_status": 429}}},
+             {"id": "mi300x-1", "family": "MI300X", "max_concurrency": 2,
+              "sim": {"faults": {"error_rate": 1.0, "error_status": 500}}}]
+    gw = serve_gateway(nodes, {"p": {"accelerator_chain": ["H100", "MI300X"]}},
+                       families=TWO_FAMILIES)
+    r = post(gw, {"model": MODEL, "messages": MSGS}, **{"x-zml-policy": "p"})
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["code"] == "attempts_exhausted"
+    assert {a["error"] for a in err["routing_context"]["attempts"]} >= {"rate_limited"}
+    assert r.headers["retry-after"] == "10"
+
+
 def test_failover_shows_in_the_attempts_header(serve_gateway: Make) -> None:
     nodes = [{"id": "h100-1", "family": "H100", "max_concurrency": 2,
               "sim": {"faults": {"error_rate": 1.0, "error_status": 500}}},
@@ -328,6 +365,9 @@ def test_a_key_limited_to_some_policies_gets_403_for_others(keyed_gw: GatewaySer
     assert r.status_code == 403
     err = r.json()["error"]
     assert err["code"] == "policy_not_allowed" and "allowed policies: amd" in err["message"]
+    assert err["param"] == "default_policy" and "[gateway] default_policy" in err["message"]
+    r = post(keyed_gw, body, **auth, **{"x-zml-policy": "prod"})
+    assert r.status_code == 403 and r.json()["error"]["param"] == "x-zml-policy"
     ok = post(keyed_gw, body, **auth, **{"x-zml-policy": "amd"})
     assert ok.status_code == 200 and ok.headers["x-zml-node-id"] == "mi300x-1"
 
@@ -378,6 +418,10 @@ def test_unknown_paths_and_methods_get_openai_shaped_errors(gw: GatewayServer) -
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
     r = httpx2.get(f"{gw.base_url}/chat/completions")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert r.headers["allow"] == "POST"  # RFC 9110: a 405 lists the allowed methods
+    r = httpx2.delete(f"{gw.base_url}/models")
+    assert r.status_code == 405
+    assert {m.strip() for m in r.headers["allow"].split(",")} == {"GET", "HEAD"}
 
 
 def metric_samples(gw: GatewayServer) -> dict[str, list[Any]]:

@@ -56,6 +56,11 @@ def test_a_file_without_the_table_gets_defaults(tmp_path: Path) -> None:
     ('[gateway.aliases]\n"chat" = { modle = "x" }\n', ["unknown key gateway.aliases.chat.modle",
                                                        "did you mean 'model'"]),
     ('[gateway]\napi_keys_env = "ZML_API_KEY"\n', ["gateway.api_keys_env", "node"]),
+    ('[gateway]\nbody_timeout_s = 0\n', ["gateway.body_timeout_s = 0"]),
+    ('[gateway]\nbody_timeout_s = inf\n', ["gateway.body_timeout_s = inf"]),
+    ('[gateway]\nbody_timeout_s = nan\n', ["gateway.body_timeout_s = nan"]),
+    ('[gateway]\nbody_timeout_s = true\n', ["gateway.body_timeout_s = True"]),
+    ('[gateway]\nbody_timeout_s = "30"\n', ["gateway.body_timeout_s = '30'"]),
 ])
 def test_a_bad_gateway_key_names_the_key_and_the_value(tmp_path: Path, gateway: str,
                                                        expected: list[str]) -> None:
@@ -122,6 +127,42 @@ def test_a_bad_key_file_line_is_reported_without_echoing_it(tmp_path: Path) -> N
                               {})
 
 
+def test_the_body_timeout_is_30_seconds_unless_set(tmp_path: Path) -> None:
+    assert GatewaySettings().body_timeout_s == 30.0
+    settings = gateway_settings(load_registry(write(tmp_path, "[gateway]\nbody_timeout_s = 2\n")))
+    assert settings.body_timeout_s == 2.0
+
+
+def test_a_key_file_naming_an_unknown_policy_stops_the_gateway_at_start(tmp_path: Path) -> None:
+    digest = hashlib.sha256(b"k1").hexdigest()
+    (tmp_path / "keys.txt").write_text(f"# team a\n{digest}  prod,prdo\n")
+    path = write(tmp_path, '[gateway]\napi_keys_file = "keys.txt"\n')
+    with pytest.raises(zml.PolicyConfigError) as info:
+        create_app(path, environ={}, probe_interval_s=None)
+    message = str(info.value)
+    assert "keys.txt:2" in message and "'prdo'" in message and "did you mean 'prod'" in message
+    assert "known: prod" in message and digest not in message
+    assert info.value.suggestion == "prod" and info.value.field == "gateway.api_keys_file"
+    (tmp_path / "keys.txt").write_text(f"{digest}  sk-live-pasted-by-mistake-9f2c\n")
+    with pytest.raises(zml.PolicyConfigError) as info:
+        create_app(path, environ={}, probe_interval_s=None)
+    assert "keys.txt:1" in str(info.value) and "not a known policy" in str(info.value)
+    assert "sk-live" not in str(info.value) and info.value.value is None  # never echoed
+
+
+def test_a_key_file_with_a_byte_order_mark_is_read_and_one_not_in_utf8_is_refused(
+        tmp_path: Path) -> None:
+    digest = hashlib.sha256(b"k1").hexdigest()
+    (tmp_path / "keys.txt").write_text(f"\ufeff{digest}  prod\n", encoding="utf-8")
+    settings = GatewaySettings(api_keys_file="keys.txt")
+    ring = KeyRing.from_settings(settings, str(tmp_path / "zml.toml"), {})
+    key = ring.authenticate(b"Bearer k1")
+    assert key is not None and key.policies == {"prod"}
+    (tmp_path / "keys.txt").write_bytes(f"{digest}  caf\xe9\n".encode("latin-1"))
+    with pytest.raises(zml.PolicyConfigError, match="not UTF-8"):
+        KeyRing.from_settings(settings, str(tmp_path / "zml.toml"), {})
+
+
 def context(final: str, *reasons: str) -> dict[str, object]:
     return {"policy": "p", "final_error": final, "recommendation": "",
             "evaluated": [{"family": f"F{i}", "nodes_checked": 1, "rejected_reason": r}
@@ -158,11 +199,30 @@ def test_errors_are_openai_shaped() -> None:
     assert auth.status == 502 and auth.error["code"] == "node_authentication_failed"
     assert "sk-abc123" not in auth.body().decode()
     limited = reply_for(zml.RateLimitError("slow down", retry_after=2.4, node_id="n1"))
-    assert limited.status == 429 and dict(limited.headers)[b"retry-after"] == b"2"
+    assert limited.status == 429 and dict(limited.headers)[b"retry-after"] == b"3"  # rounded up
     timeout = reply_for(zml.ZMLTimeoutError("deadline"))
     assert timeout.status == 504 and timeout.error["code"] == "deadline_exceeded"
     internal = reply_for(RuntimeError("boom"))
     assert internal.status == 500 and "boom" not in internal.body().decode()
+
+
+def rate_limited(*errors: str, retry_after: float | None) -> zml.RoutingError:
+    ctx = context("attempts_exhausted", "excluded_after_failure")
+    ctx["attempts"] = [{"node_id": "n1", "accelerator": "H100", "error": e} for e in errors]
+    exc = zml.RoutingError(ctx)
+    exc.__cause__ = zml.RateLimitError("slow down", retry_after=retry_after, node_id="n1")
+    return exc
+
+
+@pytest.mark.parametrize(("retry", "header"), [(2.1, b"3"), (0.2, b"1"), (None, b"1")])
+def test_attempts_that_were_all_rate_limited_are_a_429_keeping_the_routing_context(
+        retry: float | None, header: bytes) -> None:
+    reply = reply_for(rate_limited("rate_limited", "rate_limited", retry_after=retry))
+    assert reply.status == 429 and dict(reply.headers)[b"retry-after"] == header
+    assert reply.error["type"] == "rate_limit_error" and reply.error["code"] == "rate_limited"
+    assert reply.error["routing_context"]["final_error"] == "attempts_exhausted"
+    mixed = reply_for(rate_limited("rate_limited", "server_error", retry_after=retry))
+    assert mixed.status == 503 and dict(mixed.headers)[b"retry-after"] == b"10"
 
 
 def test_every_gateway_key_is_on_the_configuration_page() -> None:

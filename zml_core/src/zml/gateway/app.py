@@ -131,7 +131,8 @@ def create_app(config: str | os.PathLike[str] | Registry | None = None, *,
 
     Raises:
         PolicyConfigError: the configuration, its ``[gateway]`` table or a key file is invalid,
-            or an alias or ``default_policy`` names an unknown model or policy.
+            or an alias, ``default_policy`` or a key file line names an unknown model or
+            policy.
     """
     env = os.environ if environ is None else environ
     registry = _registry(config)
@@ -142,6 +143,7 @@ def create_app(config: str | os.PathLike[str] | Registry | None = None, *,
     served = {model for node in client.registry.nodes for model in node.models}
     selector = Selector(settings, served, client.policies)
     selector.check(registry.source)
+    keys.check(client.policies, registry.source)
     gateway = Gateway(client, settings, keys, selector, registry.source)
 
     @contextlib.asynccontextmanager
@@ -184,7 +186,7 @@ def create_app(config: str | os.PathLike[str] | Registry | None = None, *,
         code = "not_found" if exc.status_code == 404 else "method_not_allowed" \
             if exc.status_code == 405 else None
         return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                      code)
+                      code, exc.headers)
 
     app = Starlette(
         routes=[
@@ -201,8 +203,12 @@ def create_app(config: str | os.PathLike[str] | Registry | None = None, *,
     return app
 
 
-def _error(status: int, message: str, code: str | None) -> Response:
+def _error(status: int, message: str, code: str | None,
+           headers: Mapping[str, str] | None = None) -> Response:
+    """An OpenAI-shaped error response, keeping ``headers`` (a 405's ``Allow``)."""
     reply = error_reply(status, message, "invalid_request_error", code=code)
-    headers = {"www-authenticate": "Bearer"} if status == 401 else None
+    out = dict(headers or {})
+    if status == 401:
+        out["www-authenticate"] = "Bearer"
     return Response(reply.body(), status_code=status, media_type="application/json",
-                    headers=headers)
+                    headers=out)

@@ -13,7 +13,12 @@ start):
       60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752
 
   (``printf %s "$KEY" | sha256sum`` prints a key's hash). A key without a list may use any
-  policy; a key with one may use only those, and never the no-policy route.
+  policy; a key with one may use only those, and never the no-policy route. The file is UTF-8
+  (a byte-order mark is ignored), and every policy it names must be known when the gateway
+  starts (:meth:`KeyRing.check`): a misspelled one would make its key useless.
+
+A bad line is reported by file and line number, never echoed (a plain key pasted by mistake
+must not reach a log); an unknown policy is named only when it is close to a known one.
 
 Only digests are held in memory, and a request is matched by the digest of the Bearer token it
 presents; the token itself is never stored, forwarded to a node, logged or put in a message.
@@ -24,10 +29,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from zml.config import suggest
 from zml.errors import PolicyConfigError
 
 from .settings import GatewaySettings
@@ -46,6 +52,8 @@ class GatewayKey:
     digest: bytes
     policies: frozenset[str] | None = None
     """The policies this key may use; None: any (including no policy)."""
+    origin: str | None = field(default=None, compare=False)
+    """Where the key was read (``path:line`` of the key file), for messages."""
 
     def allows(self, policy: str | None) -> bool:
         """Whether a request with this key may run under ``policy``."""
@@ -77,6 +85,26 @@ class KeyRing:
         if scheme.lower() != b"bearer" or not token:
             return None
         return self._keys.get(hashlib.sha256(token).digest())
+
+    def check(self, policies: Collection[str], source: str | None = None) -> None:
+        """Fail (PolicyConfigError) on a key allowed a policy that is not in ``policies``.
+
+        The message names the key file and line; the policy itself only when it is close to
+        a known one (a typo), since an unknown word there may be a plain key pasted by mistake.
+        """
+        for key in (self._keys or {}).values():
+            for name in sorted(key.policies or ()):
+                if name in policies:
+                    continue
+                hint = suggest(name, policies)
+                known = ", ".join(sorted(policies)) or "none are configured"
+                raise PolicyConfigError(
+                    f"{key.origin or 'gateway key'}: "
+                    + (f"policy {name!r} is not a known policy; did you mean {hint!r}?"
+                       if hint else "a policy on this line is not a known policy")
+                    + f" (known: {known})",
+                    field="gateway.api_keys_file", value=name if hint else None,
+                    suggestion=hint, source=source)
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings, source: str | None,
@@ -112,11 +140,16 @@ def _env_keys(variable: str, environ: Mapping[str, str]) -> list[GatewayKey]:
 
 def _file_keys(path: Path) -> list[GatewayKey]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # -sig: Windows editors write a BOM
     except OSError as exc:
         raise PolicyConfigError(
             f"cannot read the gateway key file {str(path)!r}: {exc.strerror}",
             field="gateway.api_keys_file", value=str(path),
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise PolicyConfigError(
+            f"the gateway key file {str(path)!r} is not UTF-8 text (byte {exc.start}): save "
+            "it as UTF-8", field="gateway.api_keys_file", value=str(path),
         ) from None
     keys: list[GatewayKey] = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -133,5 +166,5 @@ def _file_keys(path: Path) -> list[GatewayKey]:
         policies = None
         if len(fields) == 2:
             policies = frozenset(p for p in fields[1].split(",") if p)
-        keys.append(GatewayKey(bytes.fromhex(fields[0]), policies))
+        keys.append(GatewayKey(bytes.fromhex(fields[0]), policies, f"{path}:{number}"))
     return keys

@@ -1,11 +1,17 @@
 """``POST /v1/chat/completions``: one OpenAI request in, one ``AsyncClient`` call, one answer out.
 
 This is the hot path, written as a plain ASGI callable (no request/response objects): the body
-is parsed once, handed to ``infer`` / ``infer_stream`` (every field besides ``model``,
-``messages``, ``stream`` and ``metadata`` is passed through to the node as ``infer`` passes
-``extra_body``), and the answer is serialised once by pydantic's Rust serializer, with
-``zml_routing`` spliced in. Chunks are not validated again: the client built them from the
-node's JSON without validation.
+is read within ``[gateway] body_timeout_s`` (else 408), parsed once, handed to ``infer`` /
+``infer_stream`` (every field besides ``model``, ``messages``, ``stream`` and ``metadata`` is
+passed through to the node: OpenAI's parameters as ``infer``'s keyword arguments, so that a bad
+one is named as the client sent it, ``temperature``; any other field in ``extra_body``), and the
+answer is serialised once by pydantic's Rust serializer, with ``zml_routing`` spliced in.
+Chunks are not validated again: the client built them from the node's JSON without validation.
+
+Every argument is validated by the client before a node is called, for JSON and streamed
+requests alike, and a refusal is the same 400 naming the ``param``. An answer that cannot be
+serialised (a node's text that is not valid Unicode) is an OpenAI-shaped 500, or, in a stream,
+an SSE error event; an unexpected exception is counted with outcome ``error``, never ``ok``.
 
 ``metadata`` (a JSON object) becomes the call's zml metadata (labels for plugins and
 chargeback, echoed in ``zml_routing.metadata``) rather than a node parameter.
@@ -32,6 +38,8 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
+from zml.dispatch.request import OPENAI_PARAMS
+from zml.errors import InvalidRequestError
 from zml.types import ChatCompletion, ChatCompletionChunk
 
 from .errors import ErrorReply, error_reply, invalid_request, reply_for
@@ -53,6 +61,9 @@ _JSON = (b"content-type", b"application/json")
 _SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
         (b"x-accel-buffering", b"no")]
 _RESERVED = frozenset({"model", "messages", "stream", "metadata"})
+_PARAMS = OPENAI_PARAMS - {"extra_body"}
+"""Body fields passed to ``infer`` as keyword arguments; any other goes in ``extra_body``."""
+_EXTRA = "extra_body."
 _NO_ROUTING = {"routing"}
 _COMPLETION = ChatCompletion.__pydantic_serializer__
 _CHUNK = ChatCompletionChunk.__pydantic_serializer__
@@ -60,6 +71,10 @@ _DONE = b"data: [DONE]\n\n"
 
 
 class _TooLarge(Exception):
+    pass
+
+
+class _TooSlow(Exception):
     pass
 
 
@@ -86,9 +101,23 @@ async def _watch(receive: Receive, task: asyncio.Task[Any], guard: _Guard) -> No
             return
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The request body, or None when the client went away first."""
-    first = await receive()
+async def _read_body(receive: Receive, limit: int, timeout_s: float) -> bytes | None:
+    """The request body, or None when the client went away first.
+
+    Raises:
+        _TooLarge: the body is larger than ``limit`` bytes.
+        _TooSlow: it did not arrive in full within ``timeout_s`` seconds.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+
+    async def next_message() -> Message:
+        try:
+            return await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:  # not TimeoutError itself before Python 3.11
+            raise _TooSlow from None
+
+    first = await next_message()
     if first["type"] == "http.disconnect":
         return None
     body: bytes = first.get("body", b"")
@@ -99,7 +128,7 @@ async def _read_body(receive: Receive, limit: int) -> bytes | None:
     parts = [body]
     size = len(body)
     while True:
-        message = await receive()
+        message = await next_message()
         if message["type"] == "http.disconnect":
             return None
         chunk = message.get("body", b"")
@@ -123,15 +152,17 @@ async def send_error(send: Send, reply: ErrorReply) -> None:
 class _Request:
     """One parsed chat request."""
 
-    __slots__ = ("extra", "messages", "metadata", "model", "stream", "want_usage")
+    __slots__ = ("extra", "messages", "metadata", "model", "params", "stream", "want_usage")
 
     def __init__(self, model: object, messages: Any, stream: bool, want_usage: bool,
-                 metadata: dict[str, Any] | None, extra: dict[str, Any]) -> None:
+                 metadata: dict[str, Any] | None, params: dict[str, Any],
+                 extra: dict[str, Any]) -> None:
         self.model = model
         self.messages = messages
         self.stream = stream
         self.want_usage = want_usage
         self.metadata = metadata
+        self.params = params
         self.extra = extra
 
 
@@ -140,6 +171,9 @@ def _parse(body: bytes) -> _Request | ErrorReply:
         data = json.loads(body)
     except ValueError as exc:
         return invalid_request(f"the request body is not valid JSON: {exc}")
+    except RecursionError:  # the parser recurses: about 1000 levels exhaust the stack
+        return invalid_request("the request body nests arrays or objects too deeply to be "
+                               "parsed; no chat request needs more than a few levels")
     if not isinstance(data, dict):
         return invalid_request("the request body must be a JSON object")
     stream = data.get("stream", False)
@@ -152,8 +186,10 @@ def _parse(body: bytes) -> _Request | ErrorReply:
         return invalid_request("'messages' is required", "messages")
     options = data.get("stream_options")
     want_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-    extra = {k: v for k, v in data.items() if k not in _RESERVED}
-    return _Request(data.get("model"), data["messages"], stream, want_usage, metadata, extra)
+    params = {k: v for k, v in data.items() if k in _PARAMS}
+    extra = {k: v for k, v in data.items() if k not in _RESERVED and k not in _PARAMS}
+    return _Request(data.get("model"), data["messages"], stream, want_usage, metadata, params,
+                    extra)
 
 
 class ChatCompletions:
@@ -182,13 +218,22 @@ class ChatCompletions:
                     code="invalid_api_key", headers=[(b"www-authenticate", b"Bearer")],
                     outcome="unauthorized"))
                 return
+        settings = gw.settings
         try:
-            body = await _read_body(receive, gw.settings.max_body_bytes)
+            body = await _read_body(receive, settings.max_body_bytes, settings.body_timeout_s)
         except _TooLarge:
             gw.metrics.finished(None, "", "", "invalid_request", False, 0.0)
             await send_error(send, invalid_request(
-                f"the request body is larger than {gw.settings.max_body_bytes} bytes "
+                f"the request body is larger than {settings.max_body_bytes} bytes "
                 "([gateway] max_body_bytes)", status=413))
+            return
+        except _TooSlow:
+            gw.metrics.finished(None, "", "", "invalid_request", False, 0.0)
+            await send_error(send, error_reply(
+                408, f"the request body did not arrive within {settings.body_timeout_s:g} s "
+                "([gateway] body_timeout_s); the client stalled mid-body", "invalid_request_error",
+                code="request_timeout", headers=[(b"connection", b"close")],
+                outcome="invalid_request"))
             return
         if body is None:
             return
@@ -205,15 +250,8 @@ class ChatCompletions:
             await send_error(send, selection)
             return
         if key is not None and not key.allows(selection.policy):
-            allowed = ", ".join(sorted(key.policies or ())) or "none"
             gw.metrics.finished(selection.policy, "", "", "forbidden", request.stream, 0.0)
-            await send_error(send, error_reply(
-                403, "this gateway key may not use "
-                + (f"policy {selection.policy!r}" if selection.policy else "requests without "
-                   "a policy") + f" (allowed policies: {allowed})", "permission_error",
-                code="policy_not_allowed",
-                param="x-zml-policy" if header_policy is not None else "model",
-                outcome="forbidden"))
+            await send_error(send, _forbidden(key, selection))
             return
         task = asyncio.current_task()
         assert task is not None
@@ -232,6 +270,11 @@ class ChatCompletions:
             if sys.version_info >= (3, 11):
                 task.uncancel()
             outcome.kind = "cancelled"
+        except Exception as exc:
+            outcome.kind = "error"
+            if outcome.started:
+                raise  # uvicorn logs it and closes the connection: nothing else can be sent
+            await _refuse(exc, send, guard, outcome)
         finally:
             guard.active = False
             watcher.cancel()
@@ -245,27 +288,33 @@ class ChatCompletions:
         try:
             completion = await client.infer(
                 selection.model, request.messages, policy=selection.policy,
-                metadata=request.metadata, extra_body=request.extra)
+                metadata=request.metadata, extra_body=request.extra, **request.params)
         except Exception as exc:
             await _refuse(exc, send, guard, outcome)
             return
         routing = completion.routing
         outcome.served(routing)
-        body = with_routing(_COMPLETION.to_json(completion, exclude=_NO_ROUTING),
-                            routing_json(routing))
+        try:
+            body = with_routing(_COMPLETION.to_json(completion, exclude=_NO_ROUTING),
+                                routing_json(routing))
+        except Exception as exc:  # e.g. a node's text that is not valid Unicode
+            await _refuse(exc, send, guard, outcome)
+            return
         headers = [_JSON, (b"content-length", str(len(body)).encode()),
                    *routing_headers(routing)]
         guard.active = False
+        outcome.started = True
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+        outcome.kind = "ok"
 
     async def _stream(self, request: _Request, selection: Selection, send: Send, guard: _Guard,
                       started: float, outcome: Outcome) -> None:
         gw = self.gateway
-        stream = gw.client.infer_stream(
-            selection.model, request.messages, policy=selection.policy,
-            metadata=request.metadata, extra_body=request.extra)
-        try:
+        try:  # infer_stream validates its arguments at once: they fail here, not in aenter
+            stream = gw.client.infer_stream(
+                selection.model, request.messages, policy=selection.policy,
+                metadata=request.metadata, extra_body=request.extra, **request.params)
             await stream.__aenter__()
         except Exception as exc:
             await _refuse(exc, send, guard, outcome)
@@ -274,8 +323,9 @@ class ChatCompletions:
             routing = stream.routing
             assert routing is not None
             outcome.served(routing)
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": [*_SSE, *routing_headers(routing)]})
+            headers = [*_SSE, *routing_headers(routing)]
+            outcome.started = True
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
             want_usage = request.want_usage
             held: bytes | None = None
             last: ChatCompletionChunk | None = None
@@ -299,6 +349,9 @@ class ChatCompletions:
                         first = False
                         gw.metrics.ttft.labels(outcome.policy or "", outcome.family).observe(
                             time.perf_counter() - started)
+                if held is None:
+                    held = _closing_chunk(last)
+                final = b"data: " + with_routing(held, routing_json(routing)) + b"\n\n" + _DONE
             except Exception as exc:  # after the first chunk: an error event, never silence
                 reply = reply_for(exc)
                 outcome.kind = "stream_error"
@@ -306,11 +359,9 @@ class ChatCompletions:
                 guard.active = False
                 await send({"type": "http.response.body", "body": tail + reply.sse_event()})
                 return
-            if held is None:
-                held = _closing_chunk(last)
-            final = b"data: " + with_routing(held, routing_json(routing)) + b"\n\n" + _DONE
             guard.active = False
             await send({"type": "http.response.body", "body": final})
+            outcome.kind = "ok"
         finally:
             await stream.__aexit__(None, None, None)
 
@@ -325,15 +376,17 @@ def _closing_chunk(last: ChatCompletionChunk | None) -> bytes:
 
 
 class Outcome:
-    """How a request ended, for the metrics."""
+    """How a request ended, for the metrics (``kind`` is ``error`` until it is known)."""
 
-    __slots__ = ("family", "kind", "node", "policy")
+    __slots__ = ("family", "kind", "node", "policy", "started")
 
     def __init__(self, policy: str | None) -> None:
         self.policy: str | None = policy
         self.family: str = ""
         self.node: str = ""
-        self.kind: str = "ok"
+        self.kind: str = "error"
+        self.started = False
+        """Whether the response has started (an error can then no longer be a reply)."""
 
     def served(self, routing: Any) -> None:
         """Record where the request went (its family and node)."""
@@ -347,9 +400,33 @@ class Outcome:
             self.served(routing)
 
 
+def _forbidden(key: GatewayKey, selection: Selection) -> ErrorReply:
+    """The 403 of a key that may not use the selected policy, naming where it came from."""
+    allowed = ", ".join(sorted(key.policies or ())) or "none"
+    if selection.policy is None or selection.source is None:
+        what, param = "requests without a policy (send an x-zml-policy header)", "x-zml-policy"
+    else:
+        where = {"x-zml-policy": "the x-zml-policy header", "model": "the model alias",
+                 "default_policy": "[gateway] default_policy"}[selection.source]
+        what, param = f"policy {selection.policy!r} (from {where})", selection.source
+    return error_reply(403, f"this gateway key may not use {what}; allowed policies: {allowed}",
+                       "permission_error", code="policy_not_allowed", param=param,
+                       outcome="forbidden")
+
+
+def _as_sent(exc: Exception) -> Exception:
+    """``exc`` naming the field as the client sent it: the gateway passes every field that is
+    not an OpenAI parameter in ``extra_body``, but the client sent it at the top level."""
+    param = exc.param if isinstance(exc, InvalidRequestError) else None
+    if param is None or not param.startswith(_EXTRA):
+        return exc
+    sent = param[len(_EXTRA):]
+    return InvalidRequestError(str(exc).replace(param, sent, 1), param=sent)
+
+
 async def _refuse(exc: Exception, send: Send, guard: _Guard, outcome: Outcome) -> None:
     """The request failed before its answer started: one OpenAI-shaped error reply."""
-    reply = reply_for(exc)
+    reply = reply_for(_as_sent(exc))
     outcome.failed(reply, getattr(exc, "routing", None))
     guard.active = False
     await send_error(send, reply)

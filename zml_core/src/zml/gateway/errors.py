@@ -4,32 +4,42 @@ Every error body is ``{"error": {"message", "type", "param", "code", ...}}``, as
 sends it; openai SDKs raise their usual exception classes from the status. The mapping, in
 one place:
 
-========================================  ======  ===================  ========================
-zml error                                 status  ``type``             ``code``
-========================================  ======  ===================  ========================
-RoutingError                              503     routing_error        its ``final_error``
+========================================  ======  =====================  ==========================
+zml error                                 status  ``type``               ``code``
+========================================  ======  =====================  ==========================
+RoutingError, every attempt rate-limited  429     rate_limit_error       rate_limited
+other RoutingError                        503     routing_error          its ``final_error``
 InvalidRequestError, bad JSON, bad field  400     invalid_request_error  (``param`` named)
 node BadRequestError (400, 422)           400     invalid_request_error  the node's code
-node RateLimitError (429)                 429     rate_limit_error     rate_limited
-node AuthenticationError (401, 403)       502     upstream_error       node_authentication_failed
-ZMLTimeoutError (the overall deadline)    504     timeout_error        deadline_exceeded
-NodeTimeoutError                          504     upstream_error       timeout
-other NodeError                           502     upstream_error       its ``kind``
-PolicyConfigError (a broken policy)       500     server_error         policy_config_error
-anything else                             500     server_error         internal_error
-========================================  ======  ===================  ========================
+node RateLimitError (429)                 429     rate_limit_error       rate_limited
+node AuthenticationError (401, 403)       502     upstream_error         node_authentication_failed
+ZMLTimeoutError (the overall deadline)    504     timeout_error          deadline_exceeded
+NodeTimeoutError                          504     upstream_error         timeout
+other NodeError                           502     upstream_error         its ``kind``
+PolicyConfigError (a broken policy)       500     server_error           policy_config_error
+anything else                             500     server_error           internal_error
+========================================  ======  =====================  ==========================
 
-A RoutingError's body also holds ``routing_context`` (the dict ``RoutingError`` carries), and it
-gets ``Retry-After`` when waiting may help: some node was full or queued, tripped or
-unhealthy, or every attempt failed; not when no node serves the model. A node error's body
-holds ``zml_routing`` when the failed attempt's routing is known. A node's authentication
-failure never shows the node's answer (it may quote the key) nor any key.
+A node's 429 is retried on other nodes (and on the same one after its ``Retry-After``) by the
+client, so it reaches the gateway as a RoutingError ``attempts_exhausted`` whose ``__cause__``
+is the last node's RateLimitError. When every failed attempt was a 429, the caller gets a 429
+(openai SDKs then raise RateLimitError and back off) with ``routing_context`` in the body and
+the last node's ``Retry-After`` in whole seconds, rounded up (at least 1; without one,
+:data:`RETRY_AFTER_RATE_LIMIT_S`). A node's own 429 reaching the gateway directly gets the
+same rounding.
+
+Any other RoutingError's body also holds ``routing_context`` (the dict ``RoutingError``
+carries), and it gets ``Retry-After`` when waiting may help: some node was full or queued,
+tripped or unhealthy, or every attempt failed; not when no node serves the model. A node
+error's body holds ``zml_routing`` when the failed attempt's routing is known. A node's
+authentication failure never shows the node's answer (it may quote the key) nor any key.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +67,9 @@ RETRY_AFTER_CAPACITY_S = 1
 RETRY_AFTER_HEALTH_S = 10
 """Retry-After when nodes were failing (circuit open, unhealthy, every attempt failed): the
 circuit breaker's cooldown."""
+
+RETRY_AFTER_RATE_LIMIT_S = 1
+"""Retry-After of a 429 whose node sent none."""
 
 _CAPACITY_REASONS = frozenset({"all_nodes_over_capacity", "latency_target_exceeded"})
 _HEALTH_REASONS = frozenset({"circuit_open", "health_score_below_threshold",
@@ -120,6 +133,13 @@ def reply_for(exc: BaseException) -> ErrorReply:
 
 def _routing(exc: RoutingError) -> ErrorReply:
     context = exc.routing_context
+    if _rate_limited(context):
+        cause = exc.__cause__
+        after = cause.retry_after if isinstance(cause, RateLimitError) else None
+        return error_reply(
+            429, exc.message, "rate_limit_error", code="rate_limited",
+            headers=[(b"retry-after", _seconds(after))], outcome="routing_error",
+            routing_context=context)
     headers: list[tuple[bytes, bytes]] = []
     after = retry_after(context)
     if after is not None:
@@ -145,6 +165,21 @@ def retry_after(context: Mapping[str, Any]) -> int | None:
     return None
 
 
+def _rate_limited(context: Mapping[str, Any]) -> bool:
+    """Whether every failed attempt of an ``attempts_exhausted`` was a node's 429."""
+    attempts = context.get("attempts")
+    return context.get("final_error") == "attempts_exhausted" \
+        and isinstance(attempts, list) and bool(attempts) \
+        and all(isinstance(a, Mapping) and a.get("error") == "rate_limited" for a in attempts)
+
+
+def _seconds(value: float | None) -> bytes:
+    """A ``Retry-After`` value: ``value`` rounded up to whole seconds, at least 1."""
+    if value is None or not math.isfinite(value):
+        return str(RETRY_AFTER_RATE_LIMIT_S).encode()
+    return str(max(1, math.ceil(value))).encode()
+
+
 def _routing_extra(routing: Any) -> dict[str, Any]:
     return {} if routing is None else {"zml_routing": routing.model_dump(mode="json")}
 
@@ -163,8 +198,7 @@ def _node(exc: NodeError) -> ErrorReply:
         return error_reply(400, str(exc), "invalid_request_error", code=code, param=param,
                            outcome="invalid_request", **extra)
     if isinstance(exc, RateLimitError):
-        headers = [] if exc.retry_after is None else \
-            [(b"retry-after", str(max(1, round(exc.retry_after))).encode())]
+        headers = [] if exc.retry_after is None else [(b"retry-after", _seconds(exc.retry_after))]
         return error_reply(429, str(exc), "rate_limit_error", code="rate_limited",
                            headers=headers, outcome="node_error", **extra)
     status = 504 if isinstance(exc, NodeTimeoutError) else 502

@@ -9,6 +9,10 @@ an alias; clients that can set headers choose one per request. In order:
 2. the policy: the ``x-zml-policy`` header, else the alias's ``policy``, else
    ``[gateway] default_policy``, else none (any healthy node serving the model). A named
    policy the client does not know is a 400 listing the known ones.
+
+An unknown name is echoed in the 400 cut to its first :data:`ECHO_CHARS` characters, and a
+name longer than :data:`SUGGEST_MAX_CHARS` gets no "did you mean": no model or policy name is
+that long, and comparing one with every known name would hold up the event loop.
 """
 
 from __future__ import annotations
@@ -23,7 +27,12 @@ from zml.policy import Policy
 from .errors import ErrorReply, invalid_request
 from .settings import GatewaySettings
 
-__all__ = ["Selection", "Selector"]
+__all__ = ["ECHO_CHARS", "SUGGEST_MAX_CHARS", "Selection", "Selector"]
+
+ECHO_CHARS = 100
+"""How much of an unknown model or policy name a 400 repeats."""
+SUGGEST_MAX_CHARS = 256
+"""Names longer than this get no suggestion (``difflib`` is quadratic in their length)."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,9 @@ class Selection:
 
     model: str
     policy: str | None
+    source: str | None = None
+    """Where the policy came from: ``x-zml-policy`` (the header), ``model`` (an alias) or
+    ``default_policy``; None without a policy."""
 
 
 class Selector:
@@ -84,9 +96,9 @@ class Selector:
         elif model in self.served:
             policy = None
         else:
-            hint = suggest(model, self.models())
+            hint = _suggest(model, self.models())
             return invalid_request(
-                f"unknown model {model!r}"
+                f"unknown model {_echo(model)}"
                 + (f"; did you mean {hint!r}?" if hint else "")
                 + f" (served models: {', '.join(sorted(self.served)) or 'none'}; aliases: "
                 + f"{', '.join(sorted(self._aliases)) or 'none'})",
@@ -97,13 +109,26 @@ class Selector:
             param = "model"
         else:
             policy, param = self.settings.default_policy, "default_policy"
-        if policy is not None and policy not in self.policies:
-            hint = suggest(policy, self.policies)
+        if policy is None:
+            return Selection(model, None)
+        if policy not in self.policies:
+            hint = _suggest(policy, self.policies)
             return invalid_request(
-                f"unknown policy {policy!r}" + (f"; did you mean {hint!r}?" if hint else "")
+                f"unknown policy {_echo(policy)}" + (f"; did you mean {hint!r}?" if hint else "")
                 + f" (known policies: {self._known_policies()})", param,
                 code="unknown_policy")
-        return Selection(model, policy)
+        return Selection(model, policy, param)
 
     def _known_policies(self) -> str:
         return ", ".join(sorted(self.policies)) or "none are configured"
+
+
+def _echo(name: str) -> str:
+    """``name`` quoted for a message, cut to :data:`ECHO_CHARS` characters."""
+    if len(name) <= ECHO_CHARS:
+        return repr(name)
+    return f"{name[:ECHO_CHARS]!r}... ({len(name)} characters)"
+
+
+def _suggest(name: str, choices: Iterable[str]) -> str | None:
+    return None if len(name) > SUGGEST_MAX_CHARS else suggest(name, choices)

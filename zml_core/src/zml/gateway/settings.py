@@ -9,6 +9,7 @@ never reads it); it is validated here, when a gateway is built, so that a typo i
     api_keys_env = "ZML_GATEWAY_KEYS"      # comma-separated gateway keys in this variable
     api_keys_file = "gateway-keys.txt"     # and/or SHA-256 hashes in a file (see zml.gateway.auth)
     max_body_bytes = 4194304               # larger request bodies get 413
+    body_timeout_s = 30                    # a body not in full by then gets 408
 
     [gateway.aliases]
     "chat" = { model = "meta-llama/llama-3-8b-instruct", policy = "llama3-production" }
@@ -58,6 +59,9 @@ class GatewaySettings(_Strict):
     """A file of SHA-256 hashes of gateway keys, relative to the config file's folder."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     """The largest request body accepted (413 beyond)."""
+    body_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False, strict=True)
+    """Seconds a request's body may take to arrive in full, from its headers (408 beyond): a
+    client that stalls mid-body must not hold a connection open for ever."""
 
     @field_validator("api_keys_env")
     @classmethod
