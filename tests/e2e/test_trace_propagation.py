@@ -296,3 +296,45 @@ def test_plugins_add_headers_but_never_replace_zml_s_own(
         client.infer(model="m", messages=MSGS, policy="chain")
     assert [h["x-tenant"] for h in busy.headers + ok.headers] == ["t-busy", "t-ok"]
     assert [h["authorization"] for h in busy.headers + ok.headers] == ["Bearer the-key"] * 2
+
+
+class UnsendableHeaders:
+    """Adds headers no HTTP stack can send as they are, next to a good one."""
+
+    @zml.hookimpl
+    def zml_request_headers(self, headers: dict[str, str]) -> None:
+        headers["x-team"] = "équipe"  # not ASCII
+        headers["x-split"] = "a\r\nx-injected: 1"  # a line break would split the header
+        headers["bad name"] = "v"  # not a token
+        headers["x-good"] = "yes"
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_header_a_plugin_cannot_send_is_dropped_and_logged_and_the_request_goes_on(
+    fleet: tuple[Path, RecordingNode, RecordingNode], kind: str,
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    config, first, second = fleet
+    caplog.set_level("WARNING", logger="zml.plugins")
+
+    async def main() -> str | None:
+        async with zml.AsyncClient(config=config) as client:
+            client.plugins.register(UnsendableHeaders(), name="unsendable")
+            r = await client.infer(model="m", messages=MSGS, policy="chain")
+            return r.choices[0].message.content
+
+    if kind == "sync":
+        with zml.Client(config=config) as client:
+            client.plugins.register(UnsendableHeaders(), name="unsendable")
+            content = client.infer(model="m", messages=MSGS, policy="chain") \
+                .choices[0].message.content
+    else:
+        content = asyncio.run(main())
+    assert content == "hi"
+    (sent,) = first.headers + second.headers
+    assert sent["x-good"] == "yes"
+    assert not {"x-team", "x-split", "x-injected", "bad name"} & set(sent)
+    (record,) = [r for r in caplog.records if "zml_request_headers" in r.getMessage()]
+    assert record.exc_info is not None and "'x-team', 'x-split', 'bad name'" in str(
+        record.exc_info[1])
+    assert "équipe" not in caplog.text  # names only: a value may hold a secret

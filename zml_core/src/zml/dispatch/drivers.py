@@ -34,6 +34,14 @@ __all__ = ["Call", "adrive", "drive"]
 
 _T = TypeVar("_T")
 _IO = (Wait, Lease, Send)  # what drivers carry out themselves
+_TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
+def _header_ok(name: object, value: object) -> bool:
+    """Whether a plugin's header can be sent as it is: a token name (RFC 9110) and a value of
+    printable ASCII (HTTP stacks encode values as ASCII; a line break would split the header)."""
+    return (isinstance(name, str) and isinstance(value, str) and bool(name)
+            and _TOKEN.issuperset(name) and value.isascii() and value.isprintable())
 
 
 class Call:
@@ -71,12 +79,23 @@ class Call:
                                         "headers": added, "metadata": self.request.metadata})
         if not added:
             return base
-        merged = {k: v for k, v in added.items() if isinstance(k, str) and isinstance(v, str)}
+        merged = {k: v for k, v in added.items() if _header_ok(k, v)}
+        if len(merged) < len(added):
+            self._refuse_headers(pm, {k: v for k, v in added.items() if k not in merged})
         lowered = {k.lower() for k in base}
         for name in [k for k in merged if k.lower() in lowered]:
             del merged[name]
         merged.update(base)
         return merged
+
+    def _refuse_headers(self, pm: Any, bad: dict[Any, Any]) -> None:
+        # Logged like a plugin's exception (once, then at DEBUG); the request goes on without
+        # them. Names only: a value may hold a secret.
+        names = ", ".join(repr(k)[:60] for k in bad)
+        pm.report("(a zml_request_headers implementation)", "zml_request_headers", ValueError(
+            f"header(s) {names} added by a plugin are not sent: a header name must be an HTTP "
+            "token and its value printable ASCII without line breaks (encode other text, e.g. "
+            "urllib.parse.quote)"))
 
     @property
     def stream(self) -> bool:

@@ -263,7 +263,9 @@ def zml_request_headers(
     Args:
         call: the request (see :func:`zml_request_started`).
         routing: the decision for this attempt (its node, family, ``server_address``).
-        headers: a fresh dict for this attempt; add ``name: value`` strings to it.
+        headers: a fresh dict for this attempt; add ``name: value`` strings to it. A name
+            must be an HTTP token and a value printable ASCII (no line breaks): any other
+            header is not sent, and is logged once like a plugin's exception.
         metadata: the per-call ``metadata={...}``.
 
     Returns:
