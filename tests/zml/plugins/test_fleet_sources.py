@@ -86,6 +86,45 @@ def test_invalid_node_from_a_source_names_it(
         zml.Client(config=config)
 
 
+class DownInventory:
+    name = "cmdb"
+
+    def families(self) -> dict[str, Any]:
+        raise ConnectionError("inventory down")
+
+    def nodes(self) -> list[Any]:
+        return []
+
+
+class NotASource:
+    @zml.hookimpl
+    def zml_register_fleet_sources(self, register: Callable[[Any], None]) -> None:
+        register(object())
+
+
+def test_a_fleet_source_that_raises_is_a_policy_error_naming_it(
+    config: Path, lab_plugin: Callable[[Any], None]
+) -> None:
+    lab_plugin(DownInventory())
+    with pytest.raises(zml.PolicyConfigError,
+                       match=r"fleet source 'cmdb' failed: ConnectionError: inventory down"):
+        zml.Client(config=config)
+    with pytest.raises(zml.PolicyConfigError, match="fleet source 'cmdb' failed"):
+        zml.Policy(name="p", accelerator_chain=["H100"])  # validated against the same fleet
+
+
+def test_registering_something_that_is_not_a_fleet_source_is_a_policy_error(
+    config: Path
+) -> None:
+    zml.plugins.register(NotASource(), name="not-a-source")
+    try:
+        with pytest.raises(zml.PolicyConfigError,
+                           match=r"needs families\(\) and nodes\(\).*object"):
+            zml.Client(config=config)
+    finally:
+        zml.plugins.unregister(name="not-a-source")
+
+
 def test_routes_to_a_plugin_node(
     config: Path, lab_plugin: Callable[[Any], None]
 ) -> None:

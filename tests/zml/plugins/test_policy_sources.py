@@ -161,8 +161,30 @@ def test_register_rejects_non_sources(config: Path) -> None:
 
     client = zml.Client(config=config)
     client.plugins.register(Wrong(), name="wrong")  # sources are collected at the next lookup
-    with pytest.raises(TypeError, match="get\\(name\\) and list\\(\\)"):
+    with pytest.raises(zml.PolicyConfigError, match=r"get\(name\) and list\(\).*object"):
         client.policies.get("prod")
+
+
+def test_a_plugin_whose_registration_raises_is_a_policy_error_naming_the_hook(
+    config: Path
+) -> None:
+    class Down:
+        @zml.hookimpl
+        def zml_register_policy_sources(self, register: Callable[[Any], None]) -> None:
+            raise ConnectionError("store at redis://ops:hunter22@db:6379 is down")
+
+    client = zml.Client(config=config)
+    client.plugins.register(Down(), name="down")
+    # every named lookup fails, a zml.toml name too: without the plugin's sources, a name it
+    # defines could resolve to another source's policy of the same name
+    with pytest.raises(zml.PolicyConfigError) as info:
+        client.infer("m", [{"role": "user", "content": "hi"}], policy="prod")
+    message = str(info.value)
+    assert "zml_register_policy_sources failed: ConnectionError" in message
+    assert "hunter22" not in message
+    client.plugins.unregister(name="down")
+    assert client.policies.get("prod") is not None  # and it recovers once the plugin is gone
+    client.close()
 
 
 def test_toml_policies_are_validated_when_the_client_is_built(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from ..config import (
     discovered_registry,
 )
 from ..errors import PolicyConfigError
-from .policy_sources import source_name
+from .policy_sources import plugin_failure, source_name
 
 if TYPE_CHECKING:
     from ..fleet import Fleet
@@ -40,11 +40,21 @@ def collect_fleet_sources(pm: PluginManager, config: Registry) -> list[FleetSour
         if not callable(getattr(source, "families", None)) or not callable(
             getattr(source, "nodes", None)
         ):
-            raise TypeError(f"a fleet source needs families() and nodes() methods, got {source!r}")
+            raise PolicyConfigError(
+                f"a fleet source needs families() and nodes() methods, got "
+                f"{type(source).__name__}: fix the plugin that registers it",
+                field="nodes",
+                source=source_name(source),
+            )
         if not any(s is source for s in sources):
             sources.append(source)
 
-    pm.hook.zml_register_fleet_sources(register=register, config=config)
+    try:
+        pm.hook.zml_register_fleet_sources(register=register, config=config)
+    except PolicyConfigError:
+        raise
+    except Exception as exc:
+        raise plugin_failure("a plugin's zml_register_fleet_sources", exc, "nodes") from exc
     return sources
 
 
@@ -54,11 +64,18 @@ def build_registry(pm: PluginManager, config: Registry) -> Registry:
     registry = Registry({}, (), config.policies, config.source, config.gateway)
     for source in collect_fleet_sources(pm, config):
         where = f"fleet source {source_name(source)!r}"
+        try:
+            listed_families = dict(source.families())
+            listed_nodes = list(source.nodes())
+        except PolicyConfigError:
+            raise
+        except Exception as exc:  # an inventory that is down: the client cannot know its fleet
+            raise plugin_failure(where, exc, "nodes") from exc
         families = {
             str(name): _accelerator(acc, f"{where}: accelerators.{name}")
-            for name, acc in source.families().items()
+            for name, acc in listed_families.items()
         }
-        nodes = [_node(node, f"{where}: nodes[{i}]") for i, node in enumerate(source.nodes())]
+        nodes = [_node(node, f"{where}: nodes[{i}]") for i, node in enumerate(listed_nodes)]
         registry = registry.with_additions(families, nodes, origin=where)
     pm.fleet_read = True
     return registry

@@ -16,14 +16,14 @@ from collections.abc import Hashable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..config import Registry
-from ..errors import PolicyConfigError
+from ..errors import PolicyConfigError, safe_detail
 from ..policy import Policy, check_families, policy_from_mapping
 
 if TYPE_CHECKING:
     from .hookspecs import PolicySource
     from .manager import PluginManager
 
-__all__ = ["SourcePolicies", "collect_policy_sources", "source_name"]
+__all__ = ["SourcePolicies", "collect_policy_sources", "plugin_failure", "source_name"]
 
 logger: logging.Logger = logging.getLogger("zml.plugins")
 
@@ -37,21 +37,43 @@ def source_name(source: object) -> str:
     return name if isinstance(name, str) and name else type(source).__name__
 
 
+def plugin_failure(what: str, exc: Exception, field: str) -> PolicyConfigError:
+    """The PolicyConfigError for a plugin that raised while doing ``what`` (its message is
+    passed through :func:`~zml.errors.safe_detail`: it may quote a store's URL)."""
+    return PolicyConfigError(
+        f"{what} failed: {type(exc).__name__}: {safe_detail(str(exc), 300)}; fix the plugin "
+        "(or its store), or unregister it",
+        field=field,
+    )
+
+
 def collect_policy_sources(pm: PluginManager, registry: Registry) -> list[PolicySource]:
-    """Call ``zml_register_policy_sources`` and return the sources, in precedence order."""
+    """Call ``zml_register_policy_sources`` and return the sources, in precedence order.
+
+    Raises:
+        PolicyConfigError: a plugin registered something that is not a source, or raised.
+    """
     sources: list[PolicySource] = []
 
     def register(source: PolicySource) -> None:
         if not callable(getattr(source, "get", None)) or not callable(
             getattr(source, "list", None)
         ):
-            raise TypeError(
-                f"a policy source needs get(name) and list() methods, got {source!r}"
+            raise PolicyConfigError(
+                f"a policy source needs get(name) and list() methods, got "
+                f"{type(source).__name__}: fix the plugin that registers it",
+                field="policy",
+                source=source_name(source),
             )
         if not any(s is source for s in sources):
             sources.append(source)
 
-    pm.hook.zml_register_policy_sources(register=register, registry=registry)
+    try:
+        pm.hook.zml_register_policy_sources(register=register, registry=registry)
+    except PolicyConfigError:
+        raise
+    except Exception as exc:  # without its sources, a name could resolve to another policy
+        raise plugin_failure("a plugin's zml_register_policy_sources", exc, "policy") from exc
     return sources
 
 
