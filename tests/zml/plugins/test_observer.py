@@ -47,6 +47,19 @@ def test_failed_and_cancelled(driver: Driver, recorder: Recorder) -> None:
     assert recorder.events[-1][1]["usage"]["total_tokens"] == 5
 
 
+def test_an_attempt_that_ends_the_request_is_a_failed_attempt_too(
+    driver: Driver, recorder: Recorder, nodes: Nodes
+) -> None:
+    nodes.status["h100-a"] = 401  # not retried: the request fails with this attempt
+    driver.plugins.register(recorder, name="recorder")
+    with pytest.raises(zml.AuthenticationError):
+        driver.infer(policy="prod")
+    assert recorder.names() == ["started", "routed", "attempt_failed", "failed"]
+    failed = recorder.events[2][1]
+    assert failed["attempt"].node_id == "h100-a" and failed["attempt"].status_code == 401
+    assert [a.node_id for a in recorder.events[0][1]["call"].attempts] == ["h100-a"]
+
+
 class Broken:
     """Raises in every telemetry hook, and in the cost hook."""
 

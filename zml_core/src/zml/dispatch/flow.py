@@ -324,13 +324,6 @@ def _failed(req: Request, rec: Record, step: Step, exc: NodeError,
     exc.node_id = exc.node_id or step.node.id
     exc.routing = step.routing
     rec.last_error = exc
-    if not exc.retryable or not exc.node_fault:
-        raise exc
-    if isinstance(exc, RateLimitError):
-        if exc.retry_after is not None:
-            rec.retry_at[step.node.id] = now + min(exc.retry_after, RETRY_AFTER_MAX_S)
-    else:
-        yield Mark(step.node, ok=False, now=now)
     attempt = Attempt(
         node_id=step.node.id,
         accelerator=step.node.family,
@@ -339,6 +332,16 @@ def _failed(req: Request, rec: Record, step: Step, exc: NodeError,
         message=str(exc)[:300],
     )
     rec.attempts.append(attempt)
+    if not exc.retryable or not exc.node_fault:
+        # The request ends here, but this attempt failed like any other: plugins hear of it
+        # (and the attempt count is the same whether the request ends served or failed).
+        yield Notify("zml_attempt_failed", {"attempt": attempt, "error": exc})
+        raise exc
+    if isinstance(exc, RateLimitError):
+        if exc.retry_after is not None:
+            rec.retry_at[step.node.id] = now + min(exc.retry_after, RETRY_AFTER_MAX_S)
+    else:
+        yield Mark(step.node, ok=False, now=now)
     yield Notify("zml_attempt_failed", {"attempt": attempt, "error": exc})
     if len(rec.attempts) >= settings.max_attempts:
         _check_deadline(req, rec, now + _DEADLINE_SLACK_S)
