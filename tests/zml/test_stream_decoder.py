@@ -142,6 +142,67 @@ def test_error_events_are_protocol_errors(event: dict[str, Any], fragment: str) 
     assert d.chunks == 1
 
 
+def choices(*choices: tuple[int, str | None, str | None]) -> str:
+    """A chunk of several choices, each ``(index, content, finish_reason)`` (``n > 1``)."""
+    return json.dumps({
+        "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": i, "delta": {} if text is None else {"content": text},
+                     "finish_reason": finish} for i, text, finish in choices],
+    })
+
+
+def test_with_n_choices_every_choice_that_appeared_must_finish() -> None:
+    d = StreamDecoder("n1")
+    d.feed(choices((0, "a", None), (1, "b", None)))
+    d.feed(choices((0, None, "stop")))
+    d.feed(choices((1, "cut", None)))
+    with pytest.raises(zml.IncompleteStreamError, match="a choice without its finish_reason") \
+            as info:
+        d.finish()  # choice 1 was cut off: not complete, however choice 0 ended
+    assert info.value.text == "abcut"
+    d.feed(choices((1, None, "length")))
+    d.finish()  # now both ended
+    late = StreamDecoder("n1")  # choice 0 left unfinished, one chunk per choice
+    late.feed(choices((0, "a", None)))
+    late.feed(choices((1, "b", "stop")))
+    with pytest.raises(zml.IncompleteStreamError):
+        late.finish()
+    done = StreamDecoder("n1")  # [DONE] completes a stream, whatever its choices say
+    done.feed(choices((0, "a", None), (2, "b", None)))
+    done.feed("[DONE]")
+    done.finish()
+
+
+def test_choices_that_never_appeared_are_not_waited_for() -> None:
+    d = StreamDecoder("n1")
+    d.feed(choices((1, "only", "stop")))  # a lone choice of index 1
+    d.finish()
+    assert d.finish_reason == "stop" and d.finished
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"error": {"message": "upstream refused authorization: Bearer sk-LEAKED-123"}},
+        {"error": "bad key x-api-key: sk-LEAKED-123 from http://bob:sk-LEAKED-123@h/"},
+    ],
+)
+def test_node_text_in_error_events_is_redacted(event: dict[str, Any]) -> None:
+    with pytest.raises(zml.NodeProtocolError) as info:
+        StreamDecoder("n1").feed(json.dumps(event))
+    assert "sk-LEAKED-123" not in str(info.value) and "[redacted]" in str(info.value)
+
+
+@pytest.mark.parametrize("data", ["not json, echoing authorization: Bearer sk-LEAKED-123",
+                                  '["authorization: Bearer sk-LEAKED-123"]',
+                                  b"x-api-key: sk-LEAKED-123\n{"])
+def test_node_text_in_bad_events_is_redacted(data: str | bytes) -> None:
+    with pytest.raises(zml.NodeProtocolError) as info:
+        StreamDecoder("n1").feed(data)
+    assert "sk-LEAKED-123" not in str(info.value) and "redacted" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
 def test_tool_call_deltas_are_chunks_but_not_text() -> None:
     d = StreamDecoder("n1")
     d.feed(chunk(role="assistant"))
@@ -273,3 +334,17 @@ def test_splitter_drops_an_unterminated_event_and_bounds_sizes() -> None:
     with pytest.raises(zml.NodeProtocolError, match="larger than"):
         for _ in range(MAX_EVENT_BYTES // 60000 + 2):
             s.feed(b"data: " + b"y" * 60000 + b"\n")  # many data lines, never dispatched
+
+
+@pytest.mark.parametrize("line", [b"data:\n", b"data: \n", b"data\n"])
+def test_empty_data_lines_count_against_the_event_limit(line: bytes) -> None:
+    s = EventSplitter("big")
+    block = line * 65536
+    with pytest.raises(zml.NodeProtocolError, match="larger than") as info:
+        for _ in range(MAX_EVENT_BYTES // 65536 + 2):
+            s.feed(block)  # an event of nothing but empty lines, never dispatched
+    assert info.value.node_id == "big"
+    ok = EventSplitter("ok")  # just below the limit, counting the joining line feeds
+    half = MAX_EVENT_BYTES // 2
+    assert ok.feed(b"data: " + b"a" * (half - 1) + b"\ndata: " + b"b" * (half - 1)
+                   + b"\n\n") == [b"a" * (half - 1) + b"\n" + b"b" * (half - 1)]

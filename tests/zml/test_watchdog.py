@@ -195,3 +195,51 @@ def test_the_loop_watchdogs_ended_entries_do_not_pile_up() -> None:
         return size
 
     assert asyncio.run(main()) <= 2 * 1 + 64
+
+
+class _Request:
+    """What the watchdog reads of a request: no network stream until it goes out on one."""
+
+    def __init__(self) -> None:
+        self.extensions: dict[str, Any] = {}
+
+
+def test_a_watched_request_is_shut_down_on_its_connection_then_follows_its_response() -> None:
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    for s in (a, c):
+        s.settimeout(10)  # a safety net: the watchdog ends the reads long before
+    dog = Watchdog()
+    try:
+        request = _Request()
+        watch = dog.watch(time.monotonic() + 0.2, request)
+        request.extensions["network_stream"] = _Stream(a)  # what zml's transports record
+        assert a.recv(10) == b""  # the wait for the headers ended at the deadline
+        assert watch.fired and not watch.follow(_Response(c))  # too late to follow
+        watch = dog.watch(time.monotonic() + 0.2, _Request())  # a transport that records none
+        assert watch.follow(_Response(c))
+        assert c.recv(10) == b""  # the response's socket, once the headers are in
+        assert watch.fired
+    finally:
+        dog.close()
+        for s in (a, b, c, d):
+            s.close()
+
+
+def test_the_loop_watchdog_follows_a_request_to_its_response() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        dog = LoopWatchdog(loop.time)
+        try:
+            watch = dog.watch(loop.time() + 0.1, _Request())
+            assert watch.follow(_Response(a))
+            assert await asyncio.wait_for(loop.sock_recv(a, 10), 10) == b""
+            assert watch.fired and not watch.follow(_Response(a))
+        finally:
+            dog.close()
+            a.close()
+            b.close()
+
+    asyncio.run(main())

@@ -35,7 +35,15 @@ from .dispatch import MAX_ATTEMPTS, Call, Step, Timeouts, Wait, adrive, drive
 from .errors import NodeError
 from .fleet import Fleet
 from .policy import PolicyRef
-from .transport import aread_body, check_status, decode_completion, read_body
+from .transport import (
+    aread_body,
+    aread_error_body,
+    check_status,
+    decode_completion,
+    read_body,
+    read_error_body,
+    still_sending,
+)
 from .types import ChatCompletion
 from .watchdog import LoopWatchdog, Watch, Watchdog
 
@@ -206,13 +214,20 @@ class Client(BaseClient):
         node_id = step.node.id
         deadline = call.deadline
         watch: Watch | None = None
+        r: httpx2.Response | None = None
         try:
             url, headers = self._target(call, step)
-            with self._http.stream("POST", url, content=call.body, headers=headers,
-                                   extensions={"timeout": step.timeout}) as r:
-                if deadline is not None:  # a dripped body cannot outlast the deadline
-                    watch = self._watchdog.watch(deadline, r)
-                content = read_body(r, node_id, deadline=deadline, clock=call.d.clock)
+            request = self._http.build_request("POST", url, content=call.body, headers=headers,
+                                               extensions={"timeout": step.timeout})
+            if deadline is not None:  # neither the headers nor a dripped body outlast it
+                watch = self._watchdog.watch(deadline, request)
+            r = self._http.send(request, stream=True)
+            if watch is not None and not watch.follow(r):
+                raise still_sending(node_id)
+            content = read_error_body(r) if r.status_code >= 400 else \
+                read_body(r, node_id, deadline=deadline, clock=call.d.clock)
+            if watch is not None and watch.fired:  # what came was cut short at the deadline
+                raise still_sending(node_id)
         except (httpx2.HTTPError, NodeError) as exc:
             err = read_failure(exc, watch, node_id)
             if err is exc:
@@ -221,6 +236,8 @@ class Client(BaseClient):
         finally:
             if watch is not None:
                 watch.end()
+            if r is not None:
+                r.close()
         check_status(r.status_code, r.headers, content, node_id)
         call.first_token(step)
         return decode_completion(content, node_id)
@@ -335,13 +352,20 @@ class AsyncClient(BaseClient):
         node_id = step.node.id
         deadline = call.deadline
         watch: Watch | None = None
+        r: httpx2.Response | None = None
         try:
             url, headers = self._target(call, step)
-            async with self._http.stream("POST", url, content=call.body, headers=headers,
-                                         extensions={"timeout": step.timeout}) as r:
-                if deadline is not None:  # a dripped body cannot outlast the deadline
-                    watch = self._deadlines.watch(deadline, r)
-                content = await aread_body(r, node_id, deadline=deadline, clock=call.d.clock)
+            request = self._http.build_request("POST", url, content=call.body, headers=headers,
+                                               extensions={"timeout": step.timeout})
+            if deadline is not None:  # neither the headers nor a dripped body outlast it
+                watch = self._deadlines.watch(deadline, request)
+            r = await self._http.send(request, stream=True)
+            if watch is not None and not watch.follow(r):
+                raise still_sending(node_id)
+            content = await aread_error_body(r) if r.status_code >= 400 else \
+                await aread_body(r, node_id, deadline=deadline, clock=call.d.clock)
+            if watch is not None and watch.fired:  # what came was cut short at the deadline
+                raise still_sending(node_id)
         except (httpx2.HTTPError, NodeError) as exc:
             err = read_failure(exc, watch, node_id)
             if err is exc:
@@ -350,6 +374,8 @@ class AsyncClient(BaseClient):
         finally:
             if watch is not None:
                 watch.end()
+            if r is not None:
+                await r.aclose()
         check_status(r.status_code, r.headers, content, node_id)
         call.first_token(step)
         return decode_completion(content, node_id)

@@ -13,6 +13,14 @@ cost grew with concurrency and with the number of nodes. Here:
 * each pool's network backend is wrapped by :class:`_FastBackend`, whose streams answer
   ``socket`` and ``is_readable`` from the socket remembered at connect time (one ``poll``).
 
+Both kinds of pools (sync and async) also record, in the extensions of each request they send,
+the network stream it goes out on (``network_stream``, the key httpcore2 uses for the
+response's): the deadline watchdog (:mod:`zml.watchdog`) watches a request from before it is
+sent, and so can shut its connection down while the node still drips (or withholds) the
+response's headers. Which request a stream is writing for is known from a context variable of
+the pools, set around each request (a thread, or a task, sends one request at a time on one
+HTTP/1.1 connection).
+
 Everything else (request and response mapping, errors, timeouts, keep-alive expiry) is
 httpx2's own transport. Environment proxies (``HTTP_PROXY``...) are honoured by not using this
 module at all: :func:`async_http_client` then builds a plain ``httpx2.AsyncClient``.
@@ -20,6 +28,7 @@ module at all: :func:`async_http_client` then builds a plain ``httpx2.AsyncClien
 
 from __future__ import annotations
 
+import contextvars
 import select
 import ssl
 import urllib.request
@@ -68,35 +77,49 @@ def _readable(sock: Any) -> bool:
         return True
 
 
-def _backend_types() -> tuple[type, type] | None:
+_Sending = contextvars.ContextVar[Any]
+"""The request a thread or task is sending through the pools (None: none)."""
+
+
+def _note(sending: _Sending, stream: Any) -> None:
+    """``stream`` writes: record it in the extensions of the request being sent, if any."""
+    request = sending.get()
+    if request is not None:
+        request.extensions["network_stream"] = stream
+
+
+def _backend_types() -> tuple[type, type, type, type] | None:
     try:
         import httpcore2
     except ImportError:  # pragma: no cover - httpx2 always brings it
         return None
-    return httpcore2.AsyncNetworkBackend, httpcore2.AsyncNetworkStream
+    return (httpcore2.AsyncNetworkBackend, httpcore2.AsyncNetworkStream,
+            httpcore2.NetworkBackend, httpcore2.NetworkStream)
 
 
 _TYPES = _backend_types()
 
 
 if _TYPES is not None:
-    _Backend, _StreamBase = _TYPES
+    _Backend, _StreamBase, _SyncBackendBase, _SyncStreamBase = _TYPES
 
     class _FastStream(_StreamBase):  # type: ignore[misc, valid-type]
-        """A network stream that remembers its socket (the rest is the wrapped stream's)."""
+        """A network stream that remembers its socket and records the requests it sends (the
+        rest is the wrapped stream's)."""
 
-        def __init__(self, inner: Any) -> None:
+        def __init__(self, inner: Any, sending: _Sending) -> None:
             self._inner = inner
+            self._sending = sending
             self._sock = inner.get_extra_info("socket")
-            # Reads and writes go straight to the wrapped stream (no extra coroutine per I/O).
+            # Reads go straight to the wrapped stream (no extra coroutine per read).
             self.read = inner.read  # type: ignore[method-assign]
-            self.write = inner.write  # type: ignore[method-assign]
 
         async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
             data: bytes = await self._inner.read(max_bytes, timeout)
             return data
 
         async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            _note(self._sending, self)
             await self._inner.write(buffer, timeout)
 
         async def aclose(self) -> None:
@@ -104,7 +127,8 @@ if _TYPES is not None:
 
         async def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
                             timeout: float | None = None) -> Any:
-            return _FastStream(await self._inner.start_tls(ssl_context, server_hostname, timeout))
+            return _FastStream(await self._inner.start_tls(ssl_context, server_hostname, timeout),
+                               self._sending)
 
         def get_extra_info(self, info: str) -> Any:
             if info == "is_readable":
@@ -116,34 +140,89 @@ if _TYPES is not None:
     class _FastBackend(_Backend):  # type: ignore[misc, valid-type]
         """Wraps a backend so that the streams it connects are :class:`_FastStream`."""
 
-        def __init__(self, inner: Any) -> None:
+        def __init__(self, inner: Any, sending: _Sending) -> None:
             self._inner = inner
+            self._sending = sending
 
         async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                               local_address: str | None = None,
                               socket_options: Iterable[Any] | None = None) -> Any:
             return _FastStream(await self._inner.connect_tcp(
                 host, port, timeout=timeout, local_address=local_address,
-                socket_options=socket_options))
+                socket_options=socket_options), self._sending)
 
         async def connect_unix_socket(self, path: str, timeout: float | None = None,
                                       socket_options: Iterable[Any] | None = None) -> Any:
             return _FastStream(await self._inner.connect_unix_socket(
-                path, timeout=timeout, socket_options=socket_options))
+                path, timeout=timeout, socket_options=socket_options), self._sending)
 
         async def sleep(self, seconds: float) -> None:
             await self._inner.sleep(seconds)
 
+    class _NotingStream(_SyncStreamBase):  # type: ignore[misc, valid-type]
+        """A sync network stream that records the requests it sends (the rest is the wrapped
+        stream's; reads go straight to it)."""
 
-def _speed_up(transport: httpx2.AsyncHTTPTransport) -> None:
-    """Wrap the transport's pool backend in :class:`_FastBackend` (if it has the expected shape:
-    httpx2 keeps the pool in ``_pool``, httpcore2 its backend in ``_network_backend``)."""
+        def __init__(self, inner: Any, sending: _Sending) -> None:
+            self._inner = inner
+            self._sending = sending
+            self.read = inner.read  # type: ignore[method-assign]
+
+        def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            data: bytes = self._inner.read(max_bytes, timeout)
+            return data
+
+        def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            _note(self._sending, self)
+            self._inner.write(buffer, timeout)
+
+        def close(self) -> None:
+            self._inner.close()
+
+        def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None,
+                      timeout: float | None = None) -> Any:
+            return _NotingStream(self._inner.start_tls(ssl_context, server_hostname, timeout),
+                                 self._sending)
+
+        def get_extra_info(self, info: str) -> Any:
+            return self._inner.get_extra_info(info)
+
+    class _NotingBackend(_SyncBackendBase):  # type: ignore[misc, valid-type]
+        """Wraps a sync backend so that the streams it connects are :class:`_NotingStream`."""
+
+        def __init__(self, inner: Any, sending: _Sending) -> None:
+            self._inner = inner
+            self._sending = sending
+
+        def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                        local_address: str | None = None,
+                        socket_options: Iterable[Any] | None = None) -> Any:
+            return _NotingStream(self._inner.connect_tcp(
+                host, port, timeout=timeout, local_address=local_address,
+                socket_options=socket_options), self._sending)
+
+        def connect_unix_socket(self, path: str, timeout: float | None = None,
+                                socket_options: Iterable[Any] | None = None) -> Any:
+            return _NotingStream(self._inner.connect_unix_socket(
+                path, timeout=timeout, socket_options=socket_options), self._sending)
+
+        def sleep(self, seconds: float) -> None:
+            self._inner.sleep(seconds)
+
+
+def _wrap_backend(transport: httpx2.AsyncHTTPTransport | httpx2.HTTPTransport,
+                  sending: _Sending) -> None:
+    """Wrap the transport's pool backend in :class:`_FastBackend` (async) or
+    :class:`_NotingBackend` (sync), if it has the expected shape: httpx2 keeps the pool in
+    ``_pool``, httpcore2 its backend in ``_network_backend``."""
     if _TYPES is None:  # pragma: no cover
         return
     pool = getattr(transport, "_pool", None)
     backend = getattr(pool, "_network_backend", None)
     if isinstance(backend, _Backend) and not isinstance(backend, _FastBackend):
-        pool._network_backend = _FastBackend(backend)  # type: ignore[union-attr]
+        pool._network_backend = _FastBackend(backend, sending)  # type: ignore[union-attr]
+    elif isinstance(backend, _SyncBackendBase) and not isinstance(backend, _NotingBackend):
+        pool._network_backend = _NotingBackend(backend, sending)  # type: ignore[union-attr]
 
 
 class _Origins:
@@ -153,6 +232,7 @@ class _Origins:
         self._limits = limits
         self._tls: ssl.SSLContext | None = None
         self._unused_tls: ssl.SSLContext | None = None
+        self._sending: _Sending = contextvars.ContextVar("zml_sending", default=None)
 
     def _verify(self, url: httpx2.URL) -> ssl.SSLContext:
         """The TLS context for a new pool to ``url``'s origin.
@@ -184,13 +264,19 @@ class SyncNodePools(_Origins, httpx2.BaseTransport):
         key = (url.raw_scheme, url.raw_host, url.port)
         pool = self._pools.get(key)
         if pool is None:
-            pool = self._pools.setdefault(
-                key, httpx2.HTTPTransport(verify=self._verify(url), limits=self._limits))
+            made = httpx2.HTTPTransport(verify=self._verify(url), limits=self._limits)
+            _wrap_backend(made, self._sending)
+            pool = self._pools.setdefault(key, made)
         return pool
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        """Send ``request`` on its origin's pool."""
-        return self._pool(request.url).handle_request(request)
+        """Send ``request`` on its origin's pool (its ``network_stream`` extension then says
+        which connection it went out on)."""
+        token = self._sending.set(request)
+        try:
+            return self._pool(request.url).handle_request(request)
+        finally:
+            self._sending.reset(token)
 
     def close(self) -> None:
         """Close every pool (and its connections)."""
@@ -215,13 +301,18 @@ class NodePools(_Origins, httpx2.AsyncBaseTransport):
         pool = self._pools.get(key)
         if pool is None:
             pool = httpx2.AsyncHTTPTransport(verify=self._verify(url), limits=self._limits)
-            _speed_up(pool)
+            _wrap_backend(pool, self._sending)
             self._pools[key] = pool
         return pool
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        """Send ``request`` on its origin's pool."""
-        return await self._pool(request.url).handle_async_request(request)
+        """Send ``request`` on its origin's pool (its ``network_stream`` extension then says
+        which connection it went out on)."""
+        token = self._sending.set(request)
+        try:
+            return await self._pool(request.url).handle_async_request(request)
+        finally:
+            self._sending.reset(token)
 
     async def aclose(self) -> None:
         """Close every pool (and its connections)."""

@@ -12,8 +12,9 @@ split per read and one parse per event, no text decoding, no per-line object. Th
 pydantic-core's ``from_json`` (already a dependency, about three times faster than ``json``),
 whose depth limit turns absurdly nested JSON into an error rather than a ``RecursionError``.
 
-Limits: one event (its data lines, or a line still waiting for its end) may hold at most
-:data:`MAX_EVENT_BYTES`; JSON nested deeper than pydantic-core's limit (about 200 levels) is
+Limits: one event (its data lines, each counted with the line feed that joins it to the next,
+or a line still waiting for its end) may hold at most :data:`MAX_EVENT_BYTES`, so that even
+empty ``data:`` lines cannot pile up without bound; JSON nested deeper than pydantic-core's limit (about 200 levels) is
 refused. Both raise :class:`~zml.errors.NodeProtocolError` naming the node.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 
 from pydantic_core import from_json
 
-from .errors import IncompleteStreamError, NodeProtocolError
+from .errors import IncompleteStreamError, NodeProtocolError, safe_detail
 from .types import ChatCompletionChunk, MalformedChunk, RoutingInfo, Usage, build_chunk
 
 __all__ = ["MAX_EVENT_BYTES", "EventSplitter", "StreamDecoder"]
@@ -50,7 +51,7 @@ class EventSplitter:
         self.node_id: str = node_id
         self._parts: list[bytes] = []  # the start of a line whose end has not arrived
         self._data: list[bytes] = []  # the data lines of the event being received
-        self._size = 0  # bytes in _data
+        self._size = 0  # bytes in _data, plus one per line (the line feeds joining them)
         self._held = 0  # bytes in _parts
         self._cr = False  # the last read ended with CR (its LF may start the next one)
 
@@ -94,11 +95,14 @@ class EventSplitter:
                 if value[:1] == b" ":
                     value = value[1:]
                 data.append(value)
-                self._size += len(value)
+                self._size += len(value) + 1
                 if self._size > MAX_EVENT_BYTES:
                     raise self._too_big()
             elif line == b"data":
                 data.append(b"")
+                self._size += 1
+                if self._size > MAX_EVENT_BYTES:
+                    raise self._too_big()
             # comments (":" keep-alives) and the other fields are ignored
         if tail:
             parts.append(tail)
@@ -119,8 +123,9 @@ class StreamDecoder:
     stream's integrity.
 
     Pure: feed it each event's data with :meth:`feed`; call :meth:`finish` when the connection
-    ends. A stream is complete only when ``[DONE]`` arrived, or a ``finish_reason`` arrived and
-    the connection then closed normally; anything else raises :class:`IncompleteStreamError`.
+    ends. A stream is complete only when ``[DONE]`` arrived, or every choice that appeared (by
+    ``index``: one, or ``n`` of them) got a ``finish_reason`` and the connection then closed
+    normally; anything else raises :class:`IncompleteStreamError`.
     Every event is parsed once and checked while its chunk is built: an event that is not a
     chunk (bad JSON, a shape that is not OpenAI's, wrong types) raises
     :class:`NodeProtocolError` naming the node and what was wrong.
@@ -130,8 +135,8 @@ class StreamDecoder:
     or empty delta is not progress: the first-token timeout waits for progress.
     """
 
-    __slots__ = ("chunks", "done", "finish_reason", "last", "node_id", "parts", "progressed",
-                 "routing", "usage")
+    __slots__ = ("_choices", "_zero", "chunks", "done", "finish_reason", "last", "node_id",
+                 "parts", "progressed", "routing", "usage")
 
     def __init__(self, node_id: str, routing: RoutingInfo | None = None) -> None:
         self.node_id: str = node_id
@@ -143,6 +148,8 @@ class StreamDecoder:
         self.usage: Usage | None = None
         self.last: ChatCompletionChunk | None = None
         self.parts: list[str] = []
+        self._zero = 0  # the choice of index 0: 0 not seen, 1 seen, 2 finished
+        self._choices: dict[int, bool] | None = None  # the others: whether each finished
 
     @property
     def text(self) -> str:
@@ -168,7 +175,8 @@ class StreamDecoder:
             err = obj["error"]
             msg = err.get("message", err) if isinstance(err, dict) else err
             raise NodeProtocolError(
-                f"node {self.node_id!r} reported an error mid-stream: {str(msg)[:300]}",
+                f"node {self.node_id!r} reported an error mid-stream: "
+                f"{safe_detail(str(msg), 300)}",
                 node_id=self.node_id,
             )
         try:
@@ -187,12 +195,34 @@ class StreamDecoder:
             reason = choice.finish_reason
             if reason:
                 self.finish_reason = reason
+            index = choice.index
+            if index:  # n > 1 (rare): the other choices are followed one by one
+                self._other(index, bool(reason))
+            elif reason:
+                self._zero = 2
+            elif not self._zero:
+                self._zero = 1
         if chunk.usage is not None:
             self.usage = chunk.usage
         if not self.progressed:
             self.progressed = _progress(obj)
         self.last = chunk
         return chunk
+
+    def _other(self, index: int, finished: bool) -> None:
+        choices = self._choices
+        if choices is None:
+            choices = self._choices = {}
+        choices[index] = finished or choices.get(index, False)
+
+    @property
+    def finished(self) -> bool:
+        """Whether every choice that appeared (by index) has a finish_reason; with one choice,
+        whether a finish_reason arrived."""
+        choices = self._choices
+        if choices is None:
+            return self.finish_reason is not None
+        return self._zero != 1 and all(choices.values())
 
     def _malformed(self, data: bytes | str, exc: ValueError) -> NodeProtocolError:
         why = "nested too deeply" if "recursion" in str(exc) else "malformed"
@@ -214,8 +244,10 @@ class StreamDecoder:
 
     def finish(self) -> None:
         """The connection ended: raise if the stream is not complete."""
-        if not self.done and self.finish_reason is None:
-            raise self.incomplete("no [DONE] and no finish_reason")
+        if not self.done and not self.finished:
+            why = "no [DONE] and no finish_reason" if self.finish_reason is None \
+                else "no [DONE], and a choice without its finish_reason"
+            raise self.incomplete(why)
 
 
 def _progress(obj: dict[str, Any]) -> bool:
@@ -232,5 +264,6 @@ def _progress(obj: dict[str, Any]) -> bool:
 
 
 def _show(data: bytes | str) -> str:
-    text = data.decode(errors="replace") if isinstance(data, bytes) else data
-    return repr(text[:200])
+    """The start of a node's event, fit for a message (:func:`~zml.errors.safe_detail`)."""
+    text = data[:400].decode(errors="replace") if isinstance(data, bytes) else data[:400]
+    return safe_detail(repr(text[:200]), 300)

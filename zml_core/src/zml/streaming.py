@@ -25,9 +25,11 @@ and both kinds check the clock after every read. Progress for ``first_token`` is
 carrying content, a tool call, a refusal or any other non-empty delta field, a finish_reason or
 usage; SSE comments (keep-alives), role-only and empty deltas are not, so a node that only
 keeps the connection busy fails over when ``first_token`` expires. ``idle`` bounds the silence
-between two reads: any bytes, comments included, count as liveness. An async stream's wait
-for its first token is watched the same way (until ``first_token`` or the deadline, the
-earlier). Margins: a stream ends within a few milliseconds of its deadline (event-loop latency
+between two reads: any bytes, comments included, count as liveness. Each attempt is watched
+from before its request is sent until ``first_token`` or the deadline, the earlier, so the
+connect, the upload and the wait for the headers are bounded too (:mod:`zml.stream_open`).
+After ``[DONE]`` the call ends at once (its slot is free), then the end of the response is
+read for at most :data:`DRAIN_S` so that the connection can be reused. Margins: a stream ends within a few milliseconds of its deadline (event-loop latency
 for an async one, the deadline thread's wake-up for a sync one), however often the node sends;
 ``benchmarks/deadline_margin.py`` measures both.
 """
@@ -35,17 +37,16 @@ for an async one, the deadline thread's wake-up for a sync one), however often t
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import httpx2
 
-from .dispatch import Call, ResponseSummary, Step, Wait, adrive, drive
-from .errors import NodeConnectionError, NodeError, NodeProtocolError, NodeTimeoutError
-from .sse import EventSplitter, StreamDecoder
-from .transport import check_status, map_transport_error
+from .dispatch import Call, ResponseSummary, Wait
+from .errors import NodeError
+from .stream_open import Attempt, Expired, Target, open_async, open_sync, read_next
 from .types import ChatCompletionChunk, RoutingInfo, Usage
-from .watchdog import LoopWatchdog, Watch, Watchdog, shutdown_socket
+from .watchdog import LoopWatchdog, Watchdog, shutdown_socket
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -53,224 +54,10 @@ if TYPE_CHECKING:
 __all__ = ["DRAIN_S", "AsyncStream", "Stream"]
 
 DRAIN_S = 0.1
-"""After ``[DONE]``, how long an async stream waits for the end of the HTTP response (so its
+"""After ``[DONE]``, how long a stream waits for the end of the HTTP response (so its
 connection can be reused) before it closes the connection instead."""
 
 _NEW, _OPEN, _ENDED = 0, 1, 2
-
-Target = Callable[[Call, Step], "tuple[httpx2.URL, dict[str, str]]"]
-"""Where an attempt is sent and with which headers (the client's ``_target``)."""
-
-
-class _Expired(Exception):
-    """The stream's deadline passed (internal; mapped to a timeout error)."""
-
-
-class _Attempt:
-    """One attempt's response while it is being opened, then the open stream's read state.
-
-    Holds no reference to the stream object, so that the stream alone decides its lifetime.
-    """
-
-    __slots__ = ("body", "call", "deadline", "decoder", "first_by", "response", "splitter",
-                 "step", "watch")
-
-    def __init__(self, call: Call, step: Step) -> None:
-        self.call = call
-        self.step = step
-        self.decoder = StreamDecoder(step.node.id, step.routing)
-        self.splitter = EventSplitter(step.node.id)
-        self.response: httpx2.Response | None = None
-        self.body: Any = None
-        first = call.timeouts.first_token
-        self.first_by = None if first is None else step.sent_at + first
-        self.deadline = call.deadline
-        self.watch: Watch | None = None
-        """The client's watchdog entry for this response (see :mod:`zml.watchdog`)."""
-
-    def expired(self) -> bool:
-        """Whether the watchdog shut the response down at the request's deadline."""
-        watch = self.watch
-        return watch is not None and watch.fired
-
-    def unwatch(self) -> None:
-        watch = self.watch
-        if watch is not None:
-            watch.end()
-
-    def started(self, request: httpx2.Request, response: httpx2.Response) -> None:
-        """Headers in, status fine: check it is an event stream; reads now wait ``idle``.
-
-        The first-token timeout was the read timeout until now; the transport takes the body's
-        read timeout from the request's ``timeout`` extension when the body is first read.
-        """
-        kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
-        if kind != "text/event-stream":
-            node = self.step.node.id
-            raise NodeProtocolError(
-                f"node {node!r} answered a stream request with content-type {kind or 'none'!r}, "
-                "not text/event-stream",
-                node_id=node,
-            )
-        timeout = request.extensions.get("timeout")
-        if isinstance(timeout, dict):
-            timeout["read"] = self.call.idle_timeout()
-
-    def opening_until(self) -> float | None:
-        """When the wait for the first token ends (first_token or the deadline, the earlier)."""
-        first, deadline = self.first_by, self.deadline
-        if first is None:
-            return deadline
-        return first if deadline is None else min(first, deadline)
-
-    def take(self, data: bytes, out: list[ChatCompletionChunk]) -> None:
-        """Decode one read's bytes, appending its chunks to ``out`` (none after ``[DONE]``)."""
-        decoder = self.decoder
-        for payload in self.splitter.feed(data):
-            chunk = decoder.feed(payload)
-            if chunk is None:
-                return
-            out.append(chunk)
-
-    def feed(self, data: bytes | None, ready: list[ChatCompletionChunk],
-             clock: Callable[[], float]) -> bool:
-        """One read while waiting for the first token (``data`` None: the body ended).
-        Returns whether to keep reading: False once the stream opened or ended."""
-        if data is None:
-            self.ended_early()
-            return False
-        self.take(data, ready)
-        if self.opened():
-            return False
-        self.check_opening(clock())
-        return True
-
-    def opened(self) -> bool:
-        """Whether opening is over: progress (or the whole answer) arrived."""
-        return self.decoder.progressed or self.decoder.done
-
-    def check_opening(self, now: float) -> None:
-        until = self.opening_until()
-        if until is not None and now >= until:
-            raise self.no_token()
-
-    def no_token(self) -> NodeTimeoutError:
-        node = self.step.node.id
-        first = self.first_by
-        what = (f"first_token={self.call.timeouts.first_token}s"
-                if first is not None and (self.deadline is None or first <= self.deadline)
-                else "the request deadline")
-        return NodeTimeoutError(f"node {node!r} sent no token within {what}", node_id=node)
-
-    def ended_early(self) -> None:
-        """The body ended while opening: complete (an empty answer) or a failed attempt."""
-        decoder = self.decoder
-        if decoder.done or decoder.finish_reason is not None:
-            return
-        node = self.step.node.id
-        raise NodeConnectionError(
-            f"node {node!r} closed the stream after {decoder.chunks} events and no token",
-            node_id=node,
-        )
-
-    def error(self, exc: BaseException) -> BaseException:
-        """The error to raise for a failure while opening (retryable where the node's fault)."""
-        if isinstance(exc, _Expired) or self.expired():
-            return self.no_token()
-        if isinstance(exc, httpx2.HTTPError):
-            return map_transport_error(exc, self.step.node.id)
-        return exc
-
-
-def _open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
-               watchdog: Watchdog, target: Target) -> tuple[_Attempt, list[ChatCompletionChunk]]:
-    """Dispatch a stream (failover included) until its first token arrives."""
-
-    def attempt(step: Step) -> tuple[_Attempt, list[ChatCompletionChunk]]:
-        op = _Attempt(call, step)
-        clock = call.d.clock
-        try:
-            url, headers = target(call, step)
-            request = http.build_request("POST", url, content=call.body, headers=headers,
-                                         extensions={"timeout": step.timeout})
-            op.response = response = http.send(request, stream=True)
-            if op.deadline is not None:
-                op.watch = watchdog.watch(op.deadline, response)
-            if response.status_code >= 400:
-                response.read()
-                check_status(response.status_code, response.headers, response.content,
-                             step.node.id)
-            op.started(request, response)
-            op.body = body = response.iter_bytes()
-            ready: list[ChatCompletionChunk] = []
-            while op.feed(next(body, None), ready, clock):
-                pass
-            return op, ready
-        except BaseException as exc:
-            op.unwatch()
-            if op.response is not None:
-                op.response.close()
-            err = op.error(exc)
-            if err is exc:
-                raise
-            raise err from exc
-
-    step, opened = drive(call, wait, attempt)
-    call.first_token(step)
-    return opened
-
-
-async def _open_async(call: Call, http: httpx2.AsyncClient,
-                      wait: Callable[[Wait], Awaitable[None]], deadlines: LoopWatchdog,
-                      target: Target) -> tuple[_Attempt, list[ChatCompletionChunk]]:
-    """:func:`_open_sync` for the async client; the wait for the first token is watched too
-    (until ``first_token`` or the deadline, the earlier), then the deadline."""
-
-    async def attempt(step: Step) -> tuple[_Attempt, list[ChatCompletionChunk]]:
-        op = _Attempt(call, step)
-        clock = call.d.clock
-        try:
-            url, headers = target(call, step)
-            request = http.build_request("POST", url, content=call.body, headers=headers,
-                                         extensions={"timeout": step.timeout})
-            op.response = response = await http.send(request, stream=True)
-            if response.status_code >= 400:
-                await response.aread()
-                check_status(response.status_code, response.headers, response.content,
-                             step.node.id)
-            op.started(request, response)
-            op.body = body = response.aiter_bytes()
-            until = op.opening_until()
-            if until is not None:
-                op.watch = deadlines.watch(until, response)
-            ready: list[ChatCompletionChunk] = []
-            while op.feed(await _read(body), ready, clock):
-                pass
-            return op, ready
-        except BaseException as exc:
-            op.unwatch()
-            if op.response is not None:
-                await op.response.aclose()
-            err = op.error(exc)
-            if err is exc:
-                raise
-            raise err from exc
-
-    step, opened = await adrive(call, wait, attempt)
-    call.first_token(step)
-    op = opened[0]
-    if op.first_by is not None and (op.deadline is None or op.first_by < op.deadline):
-        op.unwatch()  # the first token came: from now on the deadline alone
-        op.watch = None if op.deadline is None else deadlines.watch(op.deadline, op.response)
-    return opened
-
-
-async def _read(body: AsyncIterator[bytes]) -> bytes | None:
-    """The next read of a response body (None at its end)."""
-    try:
-        return await body.__anext__()
-    except StopAsyncIteration:
-        return None
 
 
 class _Base:
@@ -279,7 +66,7 @@ class _Base:
     __slots__ = ("_call", "_op", "_phase", "_ready")
 
     _call: Call
-    _op: _Attempt | None
+    _op: Attempt | None
     _phase: int
     _ready: list[ChatCompletionChunk]
 
@@ -314,7 +101,7 @@ class _Base:
         op = self._op
         return None if op is None else op.decoder.usage
 
-    def _adopt(self, opened: tuple[_Attempt, list[ChatCompletionChunk]]) -> None:
+    def _adopt(self, opened: tuple[Attempt, list[ChatCompletionChunk]]) -> None:
         op, ready = opened
         self._op = op
         ready.reverse()
@@ -327,7 +114,7 @@ class _Base:
         assert op is not None
         deadline = op.deadline
         if deadline is not None and self._call.d.clock() >= deadline:
-            raise _Expired
+            raise Expired
         events = op.splitter.feed(data)
         if not events:
             return None
@@ -373,7 +160,7 @@ class _Base:
         assert op is not None
         call = self._call
         err: BaseException = exc
-        if isinstance(exc, _Expired) or op.expired():
+        if isinstance(exc, Expired) or op.expired():
             err = call.deadline_error(op.decoder)
         elif isinstance(exc, httpx2.HTTPError):
             deadline = op.deadline
@@ -398,7 +185,7 @@ class Stream(_Base):
     stream``. See the module's docs for its lifetime and deadlines.
     """
 
-    __slots__ = ()
+    __slots__ = ("_watchdog",)
 
     def __init__(self, call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
                  watchdog: Watchdog, target: Target) -> None:
@@ -406,8 +193,9 @@ class Stream(_Base):
         self._op = None
         self._phase = _NEW
         self._ready = []
+        self._watchdog = watchdog
         try:
-            opened = _open_sync(call, http, wait, watchdog, target)
+            opened = open_sync(call, http, wait, watchdog, target)
         except BaseException:
             self._phase = _ENDED  # the driver ended the call
             raise
@@ -440,17 +228,30 @@ class Stream(_Base):
                 if chunk is not None:
                     return chunk
             op.decoder.finish()
-            if op.decoder.done:
-                _drain(body)
         except BaseException as exc:
             err = self._failure(exc)
             self._close()
             if err is exc:
                 raise
             raise err from exc if isinstance(exc, httpx2.HTTPError) else None
-        self._end(complete=True)
-        self._close()
+        self._end(complete=True)  # the slot is free from here, whatever the drain takes
+        try:
+            if op.decoder.done:
+                self._drain(op, body)
+        finally:
+            self._close()
         raise StopIteration
+
+    def _drain(self, op: Attempt, body: Iterator[bytes]) -> None:
+        """Read the end of the response after ``[DONE]`` so its connection can be reused (at
+        most :data:`DRAIN_S`, as the async stream)."""
+        watch = self._watchdog.watch(self._call.d.clock() + DRAIN_S, op.response)
+        try:
+            with contextlib.suppress(httpx2.HTTPError):
+                for _ in body:
+                    break
+        finally:
+            watch.end()
 
     def _close(self) -> None:
         op = self._op
@@ -470,13 +271,6 @@ class Stream(_Base):
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
-
-
-def _drain(body: Iterator[bytes]) -> None:
-    """Read the end of a response after ``[DONE]`` so its connection can be reused."""
-    with contextlib.suppress(httpx2.HTTPError):
-        for _ in body:
-            break
 
 
 class AsyncStream(_Base):
@@ -515,8 +309,8 @@ class AsyncStream(_Base):
         if self._on_start is not None:
             self._on_start()
         try:
-            opened = await _open_async(self._call, self._http, self._wait, self._deadlines,
-                                       self._target)
+            opened = await open_async(self._call, self._http, self._wait, self._deadlines,
+                                      self._target)
         except BaseException:
             self._phase = _ENDED  # the driver ended the call
             raise
@@ -548,24 +342,26 @@ class AsyncStream(_Base):
                 if chunk is not None:
                     return chunk
             op.decoder.finish()
-            if op.decoder.done:
-                await self._drain(op, body)
         except BaseException as exc:
             err = self._failure(exc)
             await self._close()
             if err is exc:
                 raise
             raise err from exc if isinstance(exc, httpx2.HTTPError) else None
-        self._end(complete=True)
-        await self._close()
+        self._end(complete=True)  # the slot is free from here, whatever the drain takes
+        try:
+            if op.decoder.done:
+                await self._drain(op, body)
+        finally:
+            await self._close()
         raise StopAsyncIteration
 
-    async def _drain(self, op: _Attempt, body: AsyncIterator[bytes]) -> None:
+    async def _drain(self, op: Attempt, body: AsyncIterator[bytes]) -> None:
         """Read the end of the response after ``[DONE]`` (at most :data:`DRAIN_S`)."""
         op.unwatch()
         op.watch = self._deadlines.watch(self._call.d.clock() + DRAIN_S, op.response)
         with contextlib.suppress(httpx2.HTTPError):
-            await _read(body)
+            await read_next(body)
 
     async def _close(self) -> None:
         op = self._op

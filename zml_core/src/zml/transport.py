@@ -40,6 +40,7 @@ __all__ = [
     "RETRY_AFTER_MAX_S",
     "StreamDecoder",
     "aread_body",
+    "aread_error_body",
     "auth_headers",
     "check_status",
     "completion_shape_problem",
@@ -48,6 +49,7 @@ __all__ = [
     "loads_limited",
     "map_transport_error",
     "read_body",
+    "read_error_body",
     "retry_after_seconds",
     "safe_detail",
 ]
@@ -278,6 +280,33 @@ async def aread_body(response: httpx2.Response, node_id: str, limit: int = MAX_B
     async for part in response.aiter_bytes():
         body.add(part)
     return b"".join(body.parts)
+
+
+def read_error_body(response: httpx2.Response, limit: int = MAX_ERROR_BODY_BYTES) -> bytes:
+    """The start of a streamed (``stream=True``) error response's body: at most ``limit``
+    bytes, as kept for ``NodeStatusError.body``. The rest is never read: close the response
+    (which drops its connection) afterwards."""
+    parts: list[bytes] = []
+    size = 0
+    for part in response.iter_bytes():
+        parts.append(part)
+        size += len(part)
+        if size >= limit:
+            break
+    return b"".join(parts)[:limit]
+
+
+async def aread_error_body(response: httpx2.Response,
+                           limit: int = MAX_ERROR_BODY_BYTES) -> bytes:
+    """The async :func:`read_error_body`."""
+    parts: list[bytes] = []
+    size = 0
+    async for part in response.aiter_bytes():
+        parts.append(part)
+        size += len(part)
+        if size >= limit:
+            break
+    return b"".join(parts)[:limit]
 
 
 def _depth_exceeds(data: object, limit: int) -> bool:

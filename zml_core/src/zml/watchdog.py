@@ -6,6 +6,14 @@ keeps its calls' deadlines in a watchdog, which at a deadline shuts down the soc
 response still watched: the blocked read returns at once (an error or the end of the body),
 and the reader, seeing ``watch.fired``, raises ``ZMLTimeoutError``.
 
+A call is watched from before its request is sent, so that the connect, the upload and the wait
+for the response's headers (which a node can drip, or stretch with ``102 Processing``
+interim responses) are bounded too: the watch starts on the *request*, whose ``network_stream``
+extension zml's own transports fill in as soon as it goes out on a connection
+(:mod:`zml.connections`), and :meth:`Watch.follow` moves it to the response once the headers are
+in (with an ``http_client`` of your own, the wait for the headers is then bounded only by the
+socket timeouts).
+
 * :class:`Watchdog` (one per :class:`zml.Client`): a daemon thread, started on the first call
   that needs it, that wakes at the earliest deadline it holds. A sync call ends within a few
   milliseconds of its deadline (thread wake-up latency).
@@ -39,7 +47,10 @@ __all__ = ["LoopWatchdog", "Watch", "Watchdog", "shutdown_socket"]
 
 def shutdown_socket(response: Any) -> None:
     """Shut an HTTP response's socket down at once (both directions), without closing it:
-    a read blocked on it returns, the node sees the disconnect, the transport cleans up."""
+    a read blocked on it returns, the node sees the disconnect, the transport cleans up.
+
+    ``response`` may also be a request whose ``network_stream`` extension says which
+    connection it is being sent on (nothing happens while it has none)."""
     extensions = getattr(response, "extensions", None)
     stream = None if extensions is None else extensions.get("network_stream")
     sock = None if stream is None else stream.get_extra_info("socket")
@@ -64,6 +75,11 @@ class Watch:
     def end(self) -> None:
         """The call is over (or its read is): stop watching its response."""
         self.dog.end(self)
+
+    def follow(self, response: Any) -> bool:
+        """The response to the watched request arrived: watch it from now on. False if the
+        watch had already fired (or ended): the deadline passed before the response came."""
+        return self.dog.follow(self, response)
 
 
 class _Heap:
@@ -144,6 +160,14 @@ class Watchdog:
         with self._cond:
             self._heap.end(entry)
 
+    def follow(self, entry: Watch, response: Any) -> bool:
+        """Watch ``response`` instead of what ``entry`` watched (see :meth:`Watch.follow`)."""
+        with self._cond:
+            if entry.response is None:
+                return False
+            entry.response = response
+            return True
+
     def close(self) -> None:
         """Stop the thread; responses still watched are left to their own timeouts."""
         with self._cond:
@@ -195,6 +219,13 @@ class LoopWatchdog:
     def end(self, entry: Watch) -> None:
         """Stop watching ``entry`` (idempotent)."""
         self._heap.end(entry)
+
+    def follow(self, entry: Watch, response: Any) -> bool:
+        """Watch ``response`` instead of what ``entry`` watched (see :meth:`Watch.follow`)."""
+        if entry.response is None:
+            return False
+        entry.response = response
+        return True
 
     def close(self) -> None:
         """Stop the timer; responses still watched are left to their own timeouts."""
