@@ -22,6 +22,7 @@ Behaviours (``NAME`` or ``NAME=ARG``):
 ``huge``                  200 JSON of ARG MiB (default 20), written as fast as it is read
 ``deep``                  200 JSON nested ARG levels deep (default 100000)
 ``status=CODE``           that status with an OpenAI error body
+``echo-key=CODE``         that status, the error quoting the request's key (as some servers do)
 ``retry-after=VALUE``     429 with ``Retry-After: VALUE`` (``http-date``: a date 1 h ahead)
 ``retry-after-ms=VALUE``  429 with ``retry-after-ms: VALUE``
 ``redirect=CODE``         that 3xx status, Location with credentials in it
@@ -222,6 +223,13 @@ async def _status(conn: _Conn, req: Request, arg: str) -> None:
     await conn.json(req, int(arg), {"error": {"message": f"hostile status {arg}"}})
 
 
+async def _echo_key(conn: _Conn, req: Request, arg: str) -> None:
+    key = req.headers.get("authorization", "").partition(" ")[2]
+    await conn.json(req, int(arg), {"error": {
+        "message": f"Incorrect API key provided: {key}. Received API Key = {key}",
+        "param": f"key={key}", "code": "invalid_api_key"}})
+
+
 def _retry_value(arg: str) -> str:
     return formatdate(time.time() + 3600, usegmt=True) if arg == "http-date" else arg
 
@@ -259,6 +267,7 @@ BEHAVIOURS: dict[str, Handler] = {
     "huge-unannounced": _huge_unannounced,
     "deep": _deep,
     "status": _status,
+    "echo-key": _echo_key,
     "retry-after": _retry_after,
     "retry-after-ms": _retry_after_ms,
     "redirect": _redirect,

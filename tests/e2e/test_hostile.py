@@ -315,3 +315,20 @@ def test_no_error_path_shows_the_key_or_url_credentials(
     ours = seen + [r.getMessage() for r in caplog.records
                    if r.name.startswith("zml") or r.levelno >= logging.INFO]
     assert not [t for t in ours if "REDIRECT-PW" in t or "alice" in t]
+
+
+@pytest.mark.parametrize("code", [401, 400, 500])
+def test_a_key_the_node_echoes_in_its_error_is_never_shown(
+    hostile: HostileNode, tmp_path: Path, infer: Any, code: int
+) -> None:
+    config = write_config(tmp_path / "zml.toml", hostile, {"n-echo": f"echo-key={code}"})
+    with pytest.raises(zml.ZMLError) as info:
+        infer(config)
+    shown = str(info.value)  # a RoutingError (attempts_exhausted) for the retried 500
+    node_error = info.value if isinstance(info.value, zml.NodeStatusError) \
+        else info.value.__cause__
+    assert isinstance(node_error, zml.NodeStatusError) and node_error.status_code == code
+    assert "Incorrect API key provided: [redacted]" in str(node_error)
+    for text in (shown, str(node_error), repr(node_error.body),
+                 repr(getattr(info.value, "routing_context", None))):
+        assert KEY not in text

@@ -238,7 +238,7 @@ class Client(BaseClient):
                 watch.end()
             if r is not None:
                 r.close()
-        check_status(r.status_code, r.headers, content, node_id)
+        check_status(r.status_code, r.headers, content, node_id, r.request.headers)
         call.first_token(step)
         return decode_completion(content, node_id)
 
@@ -376,7 +376,7 @@ class AsyncClient(BaseClient):
                 watch.end()
             if r is not None:
                 await r.aclose()
-        check_status(r.status_code, r.headers, content, node_id)
+        check_status(r.status_code, r.headers, content, node_id, r.request.headers)
         call.first_token(step)
         return decode_completion(content, node_id)
 

@@ -325,9 +325,18 @@ _KINDS: dict[type[NodeError], str] = {
 
 
 def status_error(
-    status_code: int, body: object, *, retry_after: float | None = None, node_id: str | None = None
+    status_code: int, body: object, *, retry_after: float | None = None,
+    node_id: str | None = None, secrets: tuple[str, ...] = ()
 ) -> NodeStatusError:
-    """Map an HTTP error status from a node to its typed error (one place for the whole map)."""
+    """Map an HTTP error status from a node to its typed error (one place for the whole map).
+
+    ``secrets``: what the request carried that must never be shown (its key): a node may echo
+    it in its error body ("Incorrect API key provided: sk-..."), so it is taken out of the
+    message and of ``body``, whatever the wording around it.
+    """
+    secrets = tuple(s for s in secrets if len(s) >= 4)
+    if secrets:
+        body = _without(body, secrets)
     detail = _error_detail(body)
     where = f"node {node_id!r}" if node_id else "node"
     message = f"{where} answered HTTP {status_code}: {detail}"
@@ -347,6 +356,19 @@ def status_error(
     else:
         cls = BadRequestError
     return cls(message, status_code=status_code, body=body, node_id=node_id)
+
+
+def _without(value: object, secrets: tuple[str, ...]) -> object:
+    """``value`` (a node's decoded error body) with every occurrence of ``secrets`` replaced."""
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, "[redacted]")
+        return value
+    if isinstance(value, dict):
+        return {_without(k, secrets): _without(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without(v, secrets) for v in value]
+    return value
 
 
 def _error_detail(body: object) -> str:

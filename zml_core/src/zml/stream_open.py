@@ -195,7 +195,7 @@ def open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
             op.arrived(response)
             if response.status_code >= 400:
                 check_status(response.status_code, response.headers,
-                             read_error_body(response), step.node.id)
+                             read_error_body(response), step.node.id, request.headers)
             op.started(request, response)
             op.body = body = response.iter_bytes()
             ready: list[ChatCompletionChunk] = []
@@ -231,7 +231,7 @@ async def open_async(call: Call, http: httpx2.AsyncClient,
             op.arrived(response)
             if response.status_code >= 400:
                 check_status(response.status_code, response.headers,
-                             await aread_error_body(response), step.node.id)
+                             await aread_error_body(response), step.node.id, request.headers)
             op.started(request, response)
             op.body = body = response.aiter_bytes()
             ready: list[ChatCompletionChunk] = []

@@ -129,8 +129,11 @@ def map_transport_error(exc: httpx2.HTTPError, node_id: str) -> NodeError:
     )
 
 
-def check_status(status: int, headers: httpx2.Headers, content: bytes, node_id: str) -> None:
-    """Raise the typed error for an HTTP error status or a redirect (``content``: the body).
+def check_status(status: int, headers: httpx2.Headers, content: bytes, node_id: str,
+                 sent: httpx2.Headers | None = None) -> None:
+    """Raise the typed error for an HTTP error status or a redirect (``content``: the body;
+    ``sent``: the request's headers, whose credential is kept out of the error, should the
+    node echo it).
 
     A redirect is a :class:`NodeProtocolError` saying so: zml does not follow redirects (a
     POST must not be silently re-sent elsewhere, with or without its key).
@@ -152,7 +155,17 @@ def check_status(status: int, headers: httpx2.Headers, content: bytes, node_id: 
         body = _loads_bounded(kept) if kept else None
     except (ValueError, RecursionError):
         body = kept.decode(errors="replace")
-    raise status_error(status, body, retry_after=_retry_after(headers), node_id=node_id)
+    raise status_error(status, body, retry_after=_retry_after(headers), node_id=node_id,
+                       secrets=_credentials(sent))
+
+
+def _credentials(sent: httpx2.Headers | None) -> tuple[str, ...]:
+    """The credential of a request's ``Authorization`` header (``Bearer <key>``: the key)."""
+    value = None if sent is None else sent.get("authorization")
+    if not value:
+        return ()
+    scheme, _, credential = value.partition(" ")
+    return (credential.strip() or scheme,)
 
 
 def retry_after_seconds(headers: httpx2.Headers, *, now: float | None = None) -> float | None:
