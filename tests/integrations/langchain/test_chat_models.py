@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.load import dumpd, load
+from langchain_core.load import dumpd, dumps, load, loads
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -171,7 +171,50 @@ def test_serialization_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
     assert loaded.api_key.get_secret_value() == "sk-secret"
 
 
+@pytest.mark.filterwarnings("ignore:The function `loads` is in beta")
+def test_a_config_path_survives_dumps_and_loads(tmp_path: Path) -> None:
+    llm = ChatZML(model=MODEL, config=tmp_path / "zml.toml", api_key="sk-secret")
+    assert llm.config == str(tmp_path / "zml.toml")  # kept as text, which dumps can carry
+    loaded = loads(
+        dumps(llm),
+        valid_namespaces=["langchain_zml"],
+        allowed_objects=[ChatZML],
+        secrets_map={"ZML_API_KEY": "sk-secret"},
+    )
+    assert isinstance(loaded, ChatZML)
+    assert loaded.config == str(tmp_path / "zml.toml")
+
+
 # --- the request ----------------------------------------------------------------------------
+
+
+def test_a_stop_string_is_one_sequence() -> None:
+    """As in openai-python and ChatOpenAI: stop="END" is ["END"], never ["E", "N", "D"]."""
+    llm = ChatZML(model=MODEL)
+    stop: Any = "END"
+    assert llm._request([HumanMessage("Hi")], stop, {}, stream=False)["stop"] == ["END"]
+    assert llm._get_ls_params(stop=stop)["ls_stop"] == ["END"]
+    assert ChatZML(model=MODEL, stop=stop).stop == ["END"]
+    pair: Any = ("a", "b")
+    assert llm._request([HumanMessage("Hi")], pair, {}, stream=False)["stop"] == ["a", "b"]
+
+
+@pytest.mark.parametrize("stop", [123, ["END", 7], {"END"}])
+def test_a_stop_that_is_not_text_is_an_invalid_request(stop: Any) -> None:
+    llm = ChatZML(model=MODEL)  # refused before any client or zml.toml is needed
+    with pytest.raises(zml.InvalidRequestError, match="stop must be a string or a list") as info:
+        llm.invoke("Hi", stop=stop)
+    assert info.value.param == "stop"
+    assert "ls_stop" not in llm._get_ls_params(stop=stop)  # tracing metadata does not raise
+
+
+def test_tool_call_arguments_that_are_not_json_are_an_invalid_request() -> None:
+    call = {"name": "f", "args": {"x": {1, 2}}, "id": "c1", "type": "tool_call"}
+    history = [HumanMessage("hi"), AIMessage("", tool_calls=[call])]
+    with pytest.raises(zml.InvalidRequestError, match="must be JSON") as info:
+        ChatZML(model=MODEL).invoke(history)
+    assert info.value.param == "messages[1].tool_calls[0].args"
+    assert str(info.value).startswith("messages[1].tool_calls[0].args cannot be sent")
 
 
 def test_request_merges_model_and_call_options() -> None:

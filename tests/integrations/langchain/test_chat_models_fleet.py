@@ -170,6 +170,19 @@ def test_unknown_parameter_is_refused_by_zml(llm: ChatZML) -> None:
         llm.invoke("Hello", temprature=0.5)
 
 
+def test_a_stop_string_stops_at_that_string(llm: ChatZML) -> None:
+    """stop="word" is one sequence, as stop=["word"] (not one stop per character)."""
+    baseline = llm.invoke("Say something")
+    assert isinstance(baseline.content, str)
+    word = baseline.content.split()[3]
+    as_string = llm.invoke("Say something", stop=word)
+    as_list = llm.invoke("Say something", stop=[word])
+    assert as_list.response_metadata["finish_reason"] == "stop"
+    assert as_string.content == as_list.content
+    assert isinstance(as_list.content, str) and len(as_list.content.split()) >= 3
+    assert word not in as_list.content
+
+
 def test_new_event_loop_gets_its_own_async_client(llm: ChatZML) -> None:
     first = asyncio.run(llm.ainvoke("Hello"))
     second = asyncio.run(llm.ainvoke("Hello again"))

@@ -86,11 +86,11 @@ def _local_llama_index(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     vars(Settings).update(saved_settings)
 
 
-def _render(urls: dict[str, str]) -> str:
+def _render(urls: dict[str, str], nodes: list[SimNodeSpec] = NODES) -> str:
     lines: list[str] = []
     for family, cost in FAMILIES.items():
         lines += [f"[accelerators.{family}]", f"cost_per_hour = {cost}", ""]
-    for spec in NODES:
+    for spec in nodes:
         lines += [
             "[[nodes]]",
             f'id = "{spec.id}"',
@@ -154,3 +154,19 @@ async def allm(zml_config: Path) -> AsyncIterator[ZML]:
     llm = ZML(model=MODEL, policy=POLICY, config=zml_config)
     yield llm
     await llm.aclose()
+
+
+ONE_SLOT = SimNodeSpec(id="h100-a", family="H100", models=(MODEL,), max_concurrency=1,
+                       tokens_per_s=20)
+
+
+@pytest.fixture
+async def one_slot_llm(tmp_path: Path) -> AsyncIterator[ZML]:
+    """A ZML on a fleet of one node that runs one request at a time, in real time (20 tokens
+    a second: a 200-token answer is still streaming when a test stops reading it)."""
+    with SimFleet([ONE_SLOT], time_scale=1.0) as fleet:
+        path = tmp_path / "zml.toml"
+        path.write_text(_render({ONE_SLOT.id: fleet.url(ONE_SLOT.id)}, [ONE_SLOT]))
+        llm = ZML(model=MODEL, policy=POLICY, config=path, max_tokens=200, max_retries=0)
+        yield llm
+        await llm.aclose()

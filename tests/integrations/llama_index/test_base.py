@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 from llama_index.core.base.llms.base import BaseLLM
 from llama_index.core.base.llms.types import (
+    AudioBlock,
     ChatMessage,
     ChatResponse,
+    ContentBlock,
+    DocumentBlock,
     ImageBlock,
     MessageRole,
     TextBlock,
@@ -141,6 +144,34 @@ def test_messages_with_images() -> None:
     assert content[0] == {"type": "text", "text": "What is this?"}
     assert content[1] == {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
     assert content[2]["image_url"]["url"].startswith("data:image/png;base64,")
+
+
+@pytest.mark.parametrize("block", [
+    DocumentBlock(data=b"%PDF-1.4 hi", document_mimetype="application/pdf"),
+    AudioBlock(audio=b"RIFF....", format="wav"),
+], ids=["document", "audio"])
+def test_content_zml_cannot_send_is_an_invalid_request(block: ContentBlock) -> None:
+    messages = [ChatMessage(role="system", content="Be brief."),
+                ChatMessage(role="user", blocks=[TextBlock(text="Read this:"), block])]
+    with pytest.raises(zml.InvalidRequestError) as info:
+        ZML(model="m").chat(messages)  # refused before any client or request exists
+    name = type(block).__name__
+    assert info.value.param == "messages[1].blocks[1]"
+    assert str(info.value).startswith(f"messages[1].blocks[1] ({name}) cannot be sent")
+    assert "TextBlock" in str(info.value) and "ImageBlock" in str(info.value)
+
+
+def test_tool_arguments_that_are_not_json_are_an_invalid_request() -> None:
+    blocks = ChatMessage(role="assistant", blocks=[
+        ToolCallBlock(tool_call_id="c1", tool_name="f", tool_kwargs={"x": {1, 2}})])
+    openai_style = ChatMessage(role="assistant", content=None, additional_kwargs={"tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": {1}}}}]})
+    with pytest.raises(zml.InvalidRequestError, match="must be JSON") as info:
+        to_zml_messages([ChatMessage(role="user", content="hi"), blocks])
+    assert info.value.param == "messages[1].blocks[0].tool_kwargs"
+    with pytest.raises(zml.InvalidRequestError, match="must be JSON") as info:
+        to_zml_messages([openai_style])
+    assert info.value.param == "messages[0].additional_kwargs['tool_calls'][0].function.arguments"
 
 
 def test_prepare_chat_with_tools() -> None:

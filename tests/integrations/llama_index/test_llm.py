@@ -126,6 +126,29 @@ def test_stream_stopped_early_releases_the_request(llm: ZML) -> None:
     assert fleet.in_flight == 0
 
 
+@pytest.mark.parametrize("method", ["astream_chat", "astream_complete"])
+async def test_async_stream_closed_early_frees_the_node_before_aclose_returns(
+    one_slot_llm: ZML, method: str
+) -> None:
+    """LlamaIndex's callback wrapper never closes the generator it iterates: aclose() must
+    still close the zml stream itself, or the node's only slot stays taken until Python
+    finalizes the generator, and the next request finds the node full (RoutingError)."""
+    llm = one_slot_llm
+    if method == "astream_chat":
+        stream: Any = await llm.astream_chat(chat_messages())
+    else:
+        stream = await llm.astream_complete("Say something.")
+    async for response in stream:
+        assert response.delta
+        break
+    fleet = llm._get_aclient().fleet
+    assert fleet.in_flight == 1
+    await stream.aclose()
+    assert fleet.in_flight == 0
+    followup = await llm.achat(chat_messages(), max_tokens=2)
+    assert followup.raw["usage"]["completion_tokens"] == 2
+
+
 async def test_achat(allm: ZML) -> None:
     response = await allm.achat(chat_messages())
     assert response.message.content

@@ -4,7 +4,8 @@ Most message kinds are left to LangChain's own ``convert_to_openai_messages``, w
 knows the OpenAI, Anthropic and standard (v1) content-block formats. Assistant messages are
 built here: their content may hold provider blocks (``tool_use``, ``thinking``, v1
 ``tool_call`` blocks) that an OpenAI-compatible node would reject, while ``tool_calls`` is the
-one place a node reads the calls from.
+one place a node reads the calls from. Tool-call arguments that are not JSON are a
+``zml.InvalidRequestError`` naming the message (``messages[1].tool_calls[0].args``).
 """
 
 from __future__ import annotations
@@ -15,28 +16,31 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
 
+import zml
+
 __all__ = ["to_openai_messages"]
 
 
 def to_openai_messages(messages: Sequence[BaseMessage]) -> list[dict[str, Any]]:
     """The chat as a list of OpenAI message dicts, in order."""
     return [
-        _assistant(m) if isinstance(m, AIMessage) else convert_to_openai_messages(m)
-        for m in messages
+        _assistant(m, f"messages[{i}]") if isinstance(m, AIMessage)
+        else convert_to_openai_messages(m)
+        for i, m in enumerate(messages)
     ]
 
 
-def _assistant(message: AIMessage) -> dict[str, Any]:
+def _assistant(message: AIMessage, param: str) -> dict[str, Any]:
     tool_calls: list[dict[str, Any]] = [
         {
             "id": call["id"],
             "type": "function",
             "function": {
                 "name": call["name"],
-                "arguments": json.dumps(call["args"], ensure_ascii=False),
+                "arguments": _arguments(call["args"], f"{param}.tool_calls[{i}].args"),
             },
         }
-        for call in message.tool_calls
+        for i, call in enumerate(message.tool_calls)
     ]
     tool_calls.extend(
         {
@@ -64,3 +68,15 @@ def _text(content: str | list[str | dict[str, Any]]) -> str:
         if isinstance(block, str) or block.get("type") == "text"
     ]
     return "\n".join(p for p in parts if p)
+
+
+def _arguments(args: Any, param: str) -> str:
+    """A tool call's arguments as the JSON text a node reads."""
+    try:
+        return json.dumps(args, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise zml.InvalidRequestError(
+            f"{param} cannot be sent: tool-call arguments must be JSON ({exc}); use strings, "
+            "numbers, booleans, None, lists and dicts",
+            param=param,
+        ) from None

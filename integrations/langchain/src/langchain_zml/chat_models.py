@@ -9,6 +9,7 @@ Routing, failover, timeouts and policy validation are zml's; its errors (``Routi
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -170,7 +171,7 @@ class ChatZML(BaseChatModel):
     """Failover attempts after the first dispatch: zml's ``max_attempts`` is
     ``max_retries + 1`` (the default 2 gives 3 dispatches at most)."""
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
-    """Default stop sequences (None or ``[]``: none)."""
+    """Default stop sequences (None or ``[]``: none); one string is one sequence."""
     streaming: bool = False
     """Stream from the node even on ``invoke`` (callbacks then see each token)."""
     stream_usage: bool = True
@@ -181,6 +182,17 @@ class ChatZML(BaseChatModel):
     """Labels (team, service...) passed to zml's plugins and echoed in the routing info."""
 
     _clients: zml.LoopClients = PrivateAttr(default_factory=zml.LoopClients)
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _config_path_as_text(cls, value: Any) -> Any:
+        # A path is kept as its text, which dumps()/loads() can carry (a Path they cannot).
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop_string(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
     @field_validator("model_kwargs")
     @classmethod
@@ -267,7 +279,11 @@ class ChatZML(BaseChatModel):
         max_tokens = kwargs.get("max_tokens", self.max_tokens)
         if max_tokens is not None:
             params["ls_max_tokens"] = max_tokens
-        stop_sequences = stop or kwargs.get("stop") or self.stop
+        # Tracing metadata only: a malformed stop is refused by _request, inside the run.
+        try:
+            stop_sequences = _stop_list(stop) or _stop_list(kwargs.get("stop")) or self.stop
+        except zml.InvalidRequestError:
+            stop_sequences = self.stop
         if stop_sequences:
             params["ls_stop"] = list(stop_sequences)
         return params
@@ -329,9 +345,9 @@ class ChatZML(BaseChatModel):
         metadata = call.pop("zml_metadata", self.zml_metadata)
         params = self._default_params
         params.pop("stop", None)
-        stop_sequences = stop if stop is not None else self.stop
+        stop_sequences = _stop_list(stop) if stop is not None else self.stop
         if stop_sequences:
-            params["stop"] = list(stop_sequences)
+            params["stop"] = stop_sequences
         if stream and "stream_options" not in call:
             params["stream_options"] = {"include_usage": bool(stream_usage)}
         extra_body = call.pop("extra_body", None)
@@ -462,3 +478,21 @@ class ChatZML(BaseChatModel):
             raise ValueError(f"Received unsupported arguments {kwargs}")
         llm = self.bind(**structured_request(schema, method, strict))
         return with_parser(llm, output_parser(schema, method), include_raw)
+
+
+def _stop_list(stop: Any) -> list[str] | None:
+    """A per-call ``stop`` as a list: one string is one sequence (as in openai-python)."""
+    if stop is None:
+        return None
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    shown = repr(stop)
+    if len(shown) > 60:
+        shown = f"a {type(stop).__name__}"
+    raise zml.InvalidRequestError(
+        f"stop must be a string or a list of strings, got {shown}: pass stop='END' or "
+        "stop=['END', '###']",
+        param="stop",
+    )

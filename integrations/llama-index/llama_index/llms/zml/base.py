@@ -3,10 +3,12 @@
 The four chat methods talk to zml natively. The completion methods are the same private chat
 methods, their responses converted by LlamaIndex's ``chat_response_to_completion_response``
 (plus the logprobs, which it drops), so each public call runs exactly one
-callback/instrumentation wrapper: one LLM event, one token count. The zml clients are built on
-first use (a ``zml.toml`` is read then, not at construction) by ``zml.LoopClients``, the
-adapters' shared toolkit: one sync client, and one async client per event loop (its
-connections belong to the loop that opened them), closed when that loop shuts down.
+callback/instrumentation wrapper: one LLM event, one token count (the async streams run theirs
+through :mod:`llama_index.llms.zml.streams`, so that ``aclose()`` closes the zml stream at
+once). The zml clients are built on first use (a ``zml.toml`` is read then, not at
+construction) by ``zml.LoopClients``, the adapters' shared toolkit: one sync client, and one
+async client per event loop (its connections belong to the loop that opened them), closed when
+that loop shuts down.
 
 Option names are LangChain's and LlamaIndex's own where they exist (``max_retries``), the same
 as langchain-zml's; an unknown constructor argument is refused rather than ignored.
@@ -48,6 +50,7 @@ from pydantic import InstanceOf
 import zml
 from llama_index.llms.zml.messages import to_zml_messages
 from llama_index.llms.zml.responses import StreamAccumulator, from_completion, parse_arguments
+from llama_index.llms.zml.streams import callback_stream
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
@@ -79,6 +82,9 @@ class ZML(FunctionCallingLLM):
 
     Token log-probabilities: ``logprobs=True`` (and ``top_logprobs=k``) fill
     ``response.logprobs``, one list of ``LogProb`` per generated token, streamed too.
+
+    Closing a stream early (``close()``, or ``await stream.aclose()`` for the async ones)
+    cancels the request and frees the node's slot before it returns.
 
     Each event loop gets its own async client, closed when the loop shuts down
     (``asyncio.run`` per call works); ``await llm.aclose()`` closes the running loop's one
@@ -245,11 +251,14 @@ class ZML(FunctionCallingLLM):
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         return await self._achat(messages, **kwargs)
 
-    @llm_chat_callback()
     async def astream_chat(
         self, messages: Sequence[ChatMessage], **kwargs: Any
     ) -> ChatResponseAsyncGen:
-        return await self._astream_chat(messages, **kwargs)
+        # Not decorated: callback_stream runs llm_chat_callback's event, and makes aclose()
+        # close the zml stream too (the decorator's generator never closes ours).
+        return await callback_stream(
+            llm_chat_callback(), self, messages, kwargs, self._astream_chat
+        )
 
     def _chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         model, zml_messages, params = self._request(messages, kwargs)
@@ -313,15 +322,22 @@ class ZML(FunctionCallingLLM):
     ) -> CompletionResponse:
         return _completion(await self._achat(_prompt(prompt), **kwargs))
 
-    @llm_completion_callback()
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
+        return await callback_stream(
+            llm_completion_callback(), self, prompt, kwargs, self._astream_complete
+        )
+
+    async def _astream_complete(self, prompt: str, **kwargs: Any) -> CompletionResponseAsyncGen:
         responses = await self._astream_chat(_prompt(prompt), **kwargs)
 
         async def gen() -> CompletionResponseAsyncGen:
-            async for response in responses:
-                yield _completion(response)
+            try:
+                async for response in responses:
+                    yield _completion(response)
+            finally:
+                await responses.aclose()
 
         return gen()
 

@@ -4,7 +4,9 @@ Only what a node should see crosses over: text and images from ``blocks``, tool 
 ``ToolCallBlock``s, or an OpenAI-style ``additional_kwargs["tool_calls"]`` list written by
 another integration), and the ``name`` / ``tool_call_id`` keys. Everything else in
 ``additional_kwargs`` stays behind, so metadata that rides on a message (a routing record, a
-token count) is never echoed back to the fleet in later requests.
+token count) is never echoed back to the fleet in later requests. Content that cannot cross
+(a document, audio, a role with no chat-completions name, tool arguments that are not JSON) is a
+``zml.InvalidRequestError`` naming where it is (``messages[1].blocks[0]``), before any request.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from llama_index.core.base.llms.types import (
     ThinkingBlock,
     ToolCallBlock,
 )
+
+import zml
 
 __all__ = ["to_zml_message", "to_zml_messages"]
 
@@ -42,19 +46,24 @@ _SKIPPED_BLOCKS = (CachePoint, ThinkingBlock)
 
 def to_zml_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Convert a chat for ``zml.Client.infer`` (``messages=``)."""
-    return [to_zml_message(m) for m in messages]
+    return [to_zml_message(m, param=f"messages[{i}]") for i, m in enumerate(messages)]
 
 
-def to_zml_message(message: ChatMessage) -> dict[str, Any]:
-    """Convert one message; raises ValueError for content a chat-completions node cannot take."""
+def to_zml_message(message: ChatMessage, *, param: str = "message") -> dict[str, Any]:
+    """Convert one message; ``zml.InvalidRequestError`` (a ``ValueError``) for content a
+    chat-completions node cannot take, its ``param`` the message's ``param`` and the part."""
     role = _ROLES.get(message.role)
     if role is None:
-        raise ValueError(f"zml cannot send a message with role {message.role!r}")
+        raise zml.InvalidRequestError(
+            f"{param}.role is {message.role!r}, which zml cannot send: use one of "
+            f"{sorted(str(r.value) for r in _ROLES)}",
+            param=f"{param}.role",
+        )
     parts: list[dict[str, Any]] = []
     texts: list[str] = []
     has_image = False
     tool_calls: list[dict[str, Any]] = []
-    for block in message.blocks:
+    for position, block in enumerate(message.blocks):
         if isinstance(block, TextBlock):
             texts.append(block.text)
             parts.append({"type": "text", "text": block.text})
@@ -62,10 +71,16 @@ def to_zml_message(message: ChatMessage) -> dict[str, Any]:
             has_image = True
             parts.append({"type": "image_url", "image_url": _image_url(block)})
         elif isinstance(block, ToolCallBlock):
-            tool_calls.append(_tool_call_dict(block, len(tool_calls)))
+            tool_calls.append(
+                _tool_call_dict(block, len(tool_calls), f"{param}.blocks[{position}]")
+            )
         elif not isinstance(block, _SKIPPED_BLOCKS):
-            raise ValueError(
-                f"zml sends text and images only; a {type(block).__name__} cannot be sent"
+            where = f"{param}.blocks[{position}]"
+            raise zml.InvalidRequestError(
+                f"{where} ({type(block).__name__}) cannot be sent through zml: a node takes "
+                "text (TextBlock), images (ImageBlock) and tool calls (ToolCallBlock); "
+                "convert it to text first, or leave it out",
+                param=where,
             )
     out: dict[str, Any] = {"role": role}
     if has_image:
@@ -78,7 +93,10 @@ def to_zml_message(message: ChatMessage) -> dict[str, Any]:
     extra = message.additional_kwargs
     if role == "assistant":
         if not tool_calls and extra.get("tool_calls"):
-            tool_calls = [_plain_tool_call(tc) for tc in extra["tool_calls"]]
+            tool_calls = [
+                _plain_tool_call(tc, f"{param}.additional_kwargs['tool_calls'][{i}]")
+                for i, tc in enumerate(extra["tool_calls"])
+            ]
         if tool_calls:
             out["tool_calls"] = tool_calls
     elif role == "tool":
@@ -103,9 +121,9 @@ def _image_url(block: ImageBlock) -> dict[str, Any]:
     return url
 
 
-def _tool_call_dict(block: ToolCallBlock, position: int) -> dict[str, Any]:
+def _tool_call_dict(block: ToolCallBlock, position: int, param: str) -> dict[str, Any]:
     kwargs = block.tool_kwargs
-    arguments = kwargs if isinstance(kwargs, str) else json.dumps(kwargs, ensure_ascii=False)
+    arguments = kwargs if isinstance(kwargs, str) else _json(kwargs, f"{param}.tool_kwargs")
     return {
         "id": block.tool_call_id or f"call_{position}",
         "type": "function",
@@ -113,7 +131,7 @@ def _tool_call_dict(block: ToolCallBlock, position: int) -> dict[str, Any]:
     }
 
 
-def _plain_tool_call(tool_call: Any) -> dict[str, Any]:
+def _plain_tool_call(tool_call: Any, param: str) -> dict[str, Any]:
     """An OpenAI tool call as a dict, from a dict or an object (openai-python, zml) alike."""
     if isinstance(tool_call, Mapping):
         function = tool_call.get("function") or {}
@@ -125,9 +143,21 @@ def _plain_tool_call(tool_call: Any) -> dict[str, Any]:
         function = {"name": function.name, "arguments": function.arguments}
     arguments = function.get("arguments") or "{}"
     if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
+        arguments = _json(arguments, f"{param}.function.arguments")
     return {
         "id": call_id,
         "type": call_type or "function",
         "function": {"name": function.get("name"), "arguments": arguments},
     }
+
+
+def _json(value: Any, param: str) -> str:
+    """Tool-call arguments as the JSON text a node reads."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise zml.InvalidRequestError(
+            f"{param} cannot be sent: tool-call arguments must be JSON ({exc}); pass them as "
+            "a dict of strings, numbers, booleans, lists and dicts, or as a JSON string",
+            param=param,
+        ) from None
