@@ -1,9 +1,9 @@
-"""HTTP to nodes: request building, failure mapping, and stream decoding.
+"""HTTP to nodes: request bodies, failure mapping, and bounded reads of what nodes send.
 
-Everything that can be written without I/O is (the body and headers, the status-to-error map,
-:class:`StreamDecoder`); the few functions that do I/O come in sync/async pairs of a few lines.
-SSE framing is parsed by httpx2's maintained ``EventSource``; what the events mean (chunks,
-``[DONE]``, integrity) is decided here, once.
+Everything that can be written without I/O is (the body, the status-to-error map, the checks
+of a completion's shape); the few functions that do I/O come in sync/async pairs of a few
+lines, each bounded in size (and, through the caller's watch, in time). Streamed answers are
+split and decoded by :mod:`zml.sse`.
 
 Closing a streamed response closes its connection: that is the cancellation signal a node sees
 (vLLM, SGLang and the simulated node drop the request when the client disconnects).
