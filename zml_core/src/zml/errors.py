@@ -14,7 +14,7 @@ log line says where the request went::
         ├── NodeConnectionError      connection refused, reset or dropped
         ├── NodeTimeoutError         connect, first-token or idle timeout on one attempt
         ├── NodeProtocolError        the node broke the protocol (bad JSON, malformed SSE)
-        │   └── IncompleteStreamError    a stream ended without [DONE] or a finish_reason
+        │   └── IncompleteStreamError    a stream ended without [DONE] or its finish_reason(s)
         └── NodeStatusError          the node answered with an HTTP error status
             ├── BadRequestError          400, 422
             ├── AuthenticationError      401, 403
@@ -222,7 +222,8 @@ class NodeProtocolError(NodeError):
 
 
 class IncompleteStreamError(NodeProtocolError):
-    """A stream ended without ``data: [DONE]`` or a ``finish_reason``: never a silent short answer.
+    """A stream ended without ``data: [DONE]`` or a ``finish_reason`` (for every choice that
+    appeared, when ``n`` > 1): never a silent short answer.
 
     Attributes:
         text: the content received before the stream broke off.
