@@ -211,10 +211,10 @@ def test_a_stop_that_is_not_text_is_an_invalid_request(stop: Any) -> None:
 def test_tool_call_arguments_that_are_not_json_are_an_invalid_request() -> None:
     call = {"name": "f", "args": {"x": {1, 2}}, "id": "c1", "type": "tool_call"}
     history = [HumanMessage("hi"), AIMessage("", tool_calls=[call])]
-    with pytest.raises(zml.InvalidRequestError, match="must be JSON") as info:
+    with pytest.raises(zml.InvalidRequestError, match="cannot be sent as JSON") as info:
         ChatZML(model=MODEL).invoke(history)
-    assert info.value.param == "messages[1].tool_calls[0].args"
-    assert str(info.value).startswith("messages[1].tool_calls[0].args cannot be sent")
+    assert info.value.param == "messages[1].tool_calls[0].args.x"
+    assert str(info.value).startswith("messages[1].tool_calls[0].args.x is a set")
 
 
 def test_request_merges_model_and_call_options() -> None:

@@ -166,12 +166,13 @@ def test_tool_arguments_that_are_not_json_are_an_invalid_request() -> None:
         ToolCallBlock(tool_call_id="c1", tool_name="f", tool_kwargs={"x": {1, 2}})])
     openai_style = ChatMessage(role="assistant", content=None, additional_kwargs={"tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": {1}}}}]})
-    with pytest.raises(zml.InvalidRequestError, match="must be JSON") as info:
+    with pytest.raises(zml.InvalidRequestError, match="cannot be sent as JSON") as info:
         to_zml_messages([ChatMessage(role="user", content="hi"), blocks])
-    assert info.value.param == "messages[1].blocks[0].tool_kwargs"
-    with pytest.raises(zml.InvalidRequestError, match="must be JSON") as info:
+    assert info.value.param == "messages[1].blocks[0].tool_kwargs.x"
+    with pytest.raises(zml.InvalidRequestError, match="cannot be sent as JSON") as info:
         to_zml_messages([openai_style])
-    assert info.value.param == "messages[0].additional_kwargs['tool_calls'][0].function.arguments"
+    assert info.value.param == \
+        "messages[0].additional_kwargs['tool_calls'][0].function.arguments.x"
 
 
 def test_prepare_chat_with_tools() -> None:

@@ -44,6 +44,7 @@ __all__ = [
     "check_timeout",
     "check_timeouts",
     "encode_json",
+    "json_text",
     "validate_messages",
 ]
 
@@ -192,6 +193,23 @@ def _check_text(text: str, where: str) -> None:
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def json_text(value: object, param: str) -> str:
+    """``value`` as JSON text (``ensure_ascii=False``), refusing what JSON cannot carry.
+
+    For values that become JSON text inside a request, e.g. a tool call's arguments (which
+    the adapters receive as dicts).
+
+    Raises:
+        InvalidRequestError: naming ``param`` and the part at fault (``param.key[0]``).
+    """
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):
+        pass
+    check_json(value, param)
+    raise InvalidRequestError(f"{param} cannot be encoded as JSON", param=param)
 
 
 def encode_json(body: Mapping[str, Any], *, what: str = "request") -> bytes:

@@ -10,13 +10,12 @@ one place a node reads the calls from. Tool-call arguments that are not JSON are
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, convert_to_openai_messages
 
-import zml
+from zml.validation import json_text
 
 __all__ = ["to_openai_messages"]
 
@@ -37,7 +36,7 @@ def _assistant(message: AIMessage, param: str) -> dict[str, Any]:
             "type": "function",
             "function": {
                 "name": call["name"],
-                "arguments": _arguments(call["args"], f"{param}.tool_calls[{i}].args"),
+                "arguments": json_text(call["args"], f"{param}.tool_calls[{i}].args"),
             },
         }
         for i, call in enumerate(message.tool_calls)
@@ -70,13 +69,3 @@ def _text(content: str | list[str | dict[str, Any]]) -> str:
     return "\n".join(p for p in parts if p)
 
 
-def _arguments(args: Any, param: str) -> str:
-    """A tool call's arguments as the JSON text a node reads."""
-    try:
-        return json.dumps(args, ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        raise zml.InvalidRequestError(
-            f"{param} cannot be sent: tool-call arguments must be JSON ({exc}); use strings, "
-            "numbers, booleans, None, lists and dicts",
-            param=param,
-        ) from None

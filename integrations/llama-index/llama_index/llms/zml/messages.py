@@ -11,7 +11,6 @@ token count) is never echoed back to the fleet in later requests. Content that c
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from llama_index.core.base.llms.types import (
 )
 
 import zml
+from zml.validation import json_text
 
 __all__ = ["to_zml_message", "to_zml_messages"]
 
@@ -123,7 +123,7 @@ def _image_url(block: ImageBlock) -> dict[str, Any]:
 
 def _tool_call_dict(block: ToolCallBlock, position: int, param: str) -> dict[str, Any]:
     kwargs = block.tool_kwargs
-    arguments = kwargs if isinstance(kwargs, str) else _json(kwargs, f"{param}.tool_kwargs")
+    arguments = kwargs if isinstance(kwargs, str) else json_text(kwargs, f"{param}.tool_kwargs")
     return {
         "id": block.tool_call_id or f"call_{position}",
         "type": "function",
@@ -143,7 +143,7 @@ def _plain_tool_call(tool_call: Any, param: str) -> dict[str, Any]:
         function = {"name": function.name, "arguments": function.arguments}
     arguments = function.get("arguments") or "{}"
     if not isinstance(arguments, str):
-        arguments = _json(arguments, f"{param}.function.arguments")
+        arguments = json_text(arguments, f"{param}.function.arguments")
     return {
         "id": call_id,
         "type": call_type or "function",
@@ -151,13 +151,3 @@ def _plain_tool_call(tool_call: Any, param: str) -> dict[str, Any]:
     }
 
 
-def _json(value: Any, param: str) -> str:
-    """Tool-call arguments as the JSON text a node reads."""
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
-        raise zml.InvalidRequestError(
-            f"{param} cannot be sent: tool-call arguments must be JSON ({exc}); pass them as "
-            "a dict of strings, numbers, booleans, lists and dicts, or as a JSON string",
-            param=param,
-        ) from None
