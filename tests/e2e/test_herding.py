@@ -42,9 +42,12 @@ def _client(config: Any, seed: int) -> zml.AsyncClient:
 async def _sequential(config: Any, n: int) -> tuple[list[str], dict[str, Any]]:
     async with _client(config, 12) as client:
         nodes = []
-        for _ in range(n):
-            r = await client.infer(MODEL, ASK, policy="h100", max_tokens=4)
-            nodes.append(r.routing.node_id)
+        for _ in range(n):  # streamed: only a stream shows the node's first token
+            stream = client.infer_stream(MODEL, ASK, policy="h100", max_tokens=4)
+            async for _ in stream:
+                pass
+            assert stream.routing is not None
+            nodes.append(stream.routing.node_id)
         ttft = {s["id"]: s["ttft_ms"] for s in client.fleet.status()}
         return nodes, ttft
 
@@ -53,7 +56,8 @@ async def _concurrent(config: Any, n: int) -> tuple[list[str], int]:
     async with _client(config, 8) as client:
         # first every node is observed once (the fast one faster), as in the herding report
         for _ in range(3):
-            await client.infer(MODEL, ASK, policy="h100", max_tokens=4)
+            async for _ in client.infer_stream(MODEL, ASK, policy="h100", max_tokens=4):
+                pass
         assert all(s["ttft_ms"] is not None for s in client.fleet.status())
 
         async def one(i: int) -> str:

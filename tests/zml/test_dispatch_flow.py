@@ -69,9 +69,10 @@ class Harness:
         fields.setdefault("name", "p")
         return policy_from_mapping(fields, self.reg)
 
-    def call(self, policy: zml.Policy | None = None, timeout: float = 10.0) -> Call:
-        return self.d.start(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                            policy=policy, accelerator=None, params={}, stream=False,
+    def call(self, policy: zml.Policy | None = None, timeout: float | None = 10.0, *,
+             stream: bool = False, content: str = "hi") -> Call:
+        return self.d.start(model=MODEL, messages=[{"role": "user", "content": content}],
+                            policy=policy, accelerator=None, params={}, stream=stream,
                             metadata=None, timeouts=Timeouts(total=timeout))
 
     def run(self, call: Call, answer: Callable[[Step], object],
@@ -337,3 +338,174 @@ def test_joining_the_queue_notifies_zml_request_queued_once() -> None:
     assert isinstance(waiting.advance(flow, None)[0], Wait)  # still waiting: no second event
     assert seen == [("p", 1)]
     waiting.ended(None)
+
+
+# --- what a call teaches the fleet ---------------------------------------------------------------
+
+
+DONE = zml.dispatch.ResponseSummary(None, None, "stop")
+
+
+def answered(h: Harness, call: Call, first_token_after: float, total: float) -> Step:
+    """Run ``call`` to an answer whose first token (as the client sees it) comes after
+    ``first_token_after`` seconds and whose end after ``total``."""
+    step, _ = h.run(call, script({"ok": 1}))
+    h.clock.now = step.sent_at + first_token_after
+    call.first_token(step)
+    h.clock.now = step.sent_at + total
+    call.succeeded(step, None, DONE)
+    return step
+
+
+def test_a_whole_answer_teaches_the_service_time_but_not_the_ttft() -> None:
+    h = Harness(registry(("a", "H100", 4)))
+    policy = h.policy(accelerator_chain=["H100"], latency_target_ms=500)
+    node = h.d.fleet.node("a")
+    # The client sees a non-streamed answer's "first token" only once the whole body is in.
+    answered(h, h.call(policy), first_token_after=1.3, total=1.3)
+    assert node.service_ms == pytest.approx(1300.0)
+    assert node.ttft_ms is None and node.observed_ttft_ms is None
+    # so the node still meets the policy's 500 ms target, and a stream's first token is learned
+    step = answered(h, h.call(policy, stream=True), first_token_after=0.05, total=1.0)
+    assert step.node is node and node.observed_ttft_ms == pytest.approx(50.0)
+    assert node.ttft_ms is not None and node.ttft_ms <= 50.0
+
+
+# --- the caller's own deadline ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_timeout_at_the_callers_deadline_is_not_the_nodes_failure(stream: bool) -> None:
+    h = Harness(registry(("a", "H100", 1)))
+
+    def at_the_deadline(step: Step) -> object:
+        h.clock.now = call.request.started_at + 0.3  # the attempt had all the time left
+        return zml.NodeTimeoutError("read timed out", node_id=None)
+
+    call = h.call(timeout=0.3, stream=stream)
+    with pytest.raises(zml.ZMLTimeoutError) as info:
+        h.run(call, at_the_deadline)
+    message = str(info.value)
+    assert "deadline of 0.3s expired" in message and "'a'" in message
+    assert "failed attempt" not in message and "raise the timeout" in message
+    assert isinstance(info.value.__cause__, zml.NodeTimeoutError)
+    node = h.d.fleet.node("a")
+    assert node.health == 1.0 and node.consecutive_failures == 0 and node.in_flight == 0
+    assert call.record.attempts == [] and h.sent == ["a"]
+
+
+def test_a_node_timeout_before_the_deadline_still_marks_the_node_and_fails_over() -> None:
+    h = Harness(registry(("a", "H100", 1), ("b", "H100", 1)))
+    outcomes = iter([zml.NodeTimeoutError("first token timed out", node_id=None), {"ok": 1}])
+    step, _ = h.run(h.call(timeout=10.0), lambda step: next(outcomes))
+    failed = next(n for n in h.d.fleet if n.id != step.node.id)
+    assert h.sent == [failed.id, step.node.id] and failed.health < 1.0
+    assert [a.error for a in step.routing.attempts] == ["timeout"]
+
+
+# --- the saturation queue: only requests that capacity could serve wait ----------------------------
+
+BIG = "word " * 4000  # 5,000 tokens: ~180 ms of prefill on an idle H100 (prior 10 ms + 27,712/s)
+
+
+def test_a_request_no_freed_slot_can_serve_fails_at_once_though_its_policy_queues() -> None:
+    h = Harness(registry(("a", "H100", 4), ("b", "H100", 4)))
+    policy = h.policy(accelerator_chain=["H100"], latency_target_ms=100,
+                      queue_on_saturation=True, max_queue_ms=3000)
+    big = h.call(policy, content=BIG)
+    with pytest.raises(zml.RoutingError) as info:
+        h.run(big, script())
+    ctx = info.value.routing_context
+    assert ctx["final_error"] == "no_viable_node"
+    assert ctx["evaluated"][0]["rejected_reason"] == "latency_target_exceeded"
+    assert h.waits == [] and h.d.effects.queues.depth("p") == 0
+    # and a small request of the same policy routes at once, with no wait
+    step, _ = h.run(h.call(policy), script({"ok": 1}))
+    assert step.routing.queued_ms == 0.0 and h.waits == []
+
+
+def test_a_waiting_request_does_not_hold_up_one_that_cannot_wait() -> None:
+    h = Harness(registry(("a", "H100", 1)))
+    policy = h.policy(accelerator_chain=["H100"], latency_target_ms=100,
+                      queue_on_saturation=True)
+    h.run(h.call(policy), script({"ok": 1}))  # holds the only slot
+    waiting = h.call(policy)
+    flow = waiting.flow()
+    assert isinstance(waiting.advance(flow, None)[0], Wait)  # full: it waits for the slot
+    with pytest.raises(zml.RoutingError) as info:  # not behind it: it fails at once
+        h.run(h.call(policy, content=BIG), script())
+    assert info.value.routing_context["final_error"] == "no_viable_node"
+    assert h.d.effects.queues.queued("p") == [waiting.record.ticket]
+    waiting.ended(None)
+
+
+def test_queueing_does_not_wait_for_circuit_open_or_unhealthy_nodes() -> None:
+    h = Harness(registry(("a", "H100", 1), ("b", "H100", 1)))
+    policy = h.policy(accelerator_chain=["H100"], queue_on_saturation=True)
+    a, b = h.d.fleet.node("a"), h.d.fleet.node("b")
+    for _ in range(zml.fleet.CIRCUIT_FAILURES):
+        h.d.fleet.record_failure(a, h.clock.now)
+    for _ in range(3):
+        h.d.fleet.record_failure(b, h.clock.now)  # health 0.343: below the threshold of 0.5
+    with pytest.raises(zml.RoutingError) as info:
+        h.run(h.call(policy), script())
+    assert info.value.routing_context["final_error"] == "no_viable_node"
+    assert h.waits == [] and h.d.effects.queues.depth("p") == 0
+
+
+def test_a_request_joining_the_queue_as_the_head_leaves_routes_at_once() -> None:
+    """Behind the head when it routed, but the head left before it joined the queue: once in
+    line it is the head, with a slot free, and must not wait (threads race this way)."""
+    h = Harness(registry(("a", "H100", 2)))
+    policy = h.policy(accelerator_chain=["H100"], queue_on_saturation=True)
+    holders = [h.call(policy) for _ in range(2)]
+    held = [h.run(c, script({"ok": 1}))[0] for c in holders]
+    head = h.call(policy)
+    head_flow = head.flow()
+    assert isinstance(head.advance(head_flow, None)[0], Wait)
+    queues = h.d.effects.queues
+    join = queues.join
+    late = h.call(policy)
+    head_sent: list[object] = []
+
+    def join_late(ticket: zml.dispatch.Ticket) -> int:
+        if ticket is late.record.ticket:  # between its Behind and its Enqueue:
+            for c, step in zip(holders, held, strict=True):
+                c.succeeded(step, None, DONE)  # two slots free
+            head_sent.append(head.advance(head_flow, None)[0])  # the head takes one, leaves
+        return join(ticket)
+
+    queues.join = join_late  # type: ignore[method-assign]
+    op, _ = late.advance(late.flow(), None)
+    assert isinstance(head_sent[0], Send)
+    assert isinstance(op, Send), "the late joiner waits at the head of the queue with a free slot"
+    assert queues.depth("p") == 0
+
+
+def test_the_deadline_ending_a_queued_wait_says_the_request_was_queued() -> None:
+    h = Harness(registry(("a", "H100", 1)))
+    policy = h.policy(accelerator_chain=["H100"], queue_on_saturation=True)
+    h.run(h.call(policy), script({"ok": 1}))  # holds the only slot
+    with pytest.raises(zml.ZMLTimeoutError) as info:
+        h.run(h.call(policy, timeout=1.0), script())
+    message = str(info.value)
+    assert "deadline of 1.0s expired after" in message and "saturation queue" in message
+    assert "H100 all_nodes_over_capacity" in message and "failed attempt" not in message
+    assert h.d.effects.queues.depth("p") == 0
+
+
+def test_the_queue_timeout_says_what_it_waited_for() -> None:
+    h = Harness(registry(("a", "H100", 1)))
+    policy = h.policy(accelerator_chain=["H100"], queue_on_saturation=True, max_queue_ms=500)
+    h.run(h.call(policy), script({"ok": 1}))  # holds the only slot
+    head = h.call(policy)
+    flow = head.flow()
+    assert isinstance(head.advance(flow, None)[0], Wait)
+    with pytest.raises(zml.RoutingError) as behind:  # behind the head the whole time
+        h.run(h.call(policy), script())
+    with pytest.raises(zml.RoutingError) as first:
+        h.run(head, script())
+    assert behind.value.routing_context["final_error"] == "queue_timeout"
+    assert "queued earlier" in behind.value.routing_context["recommendation"]
+    recommendation = first.value.routing_context["recommendation"]
+    assert "max_queue_ms=500" in recommendation and "H100 all_nodes_over_capacity" in recommendation

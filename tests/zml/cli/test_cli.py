@@ -36,6 +36,17 @@ def test_demo_shows_a_fallback_and_a_routing_context(tmp_path: Path) -> None:
     assert "cancelled 20 held streams" in out
 
 
+def test_a_demo_burst_larger_than_the_fleet_narrates_its_refusals(tmp_path: Path) -> None:
+    """21 concurrent requests on 20 slots (the policy does not queue): one is refused, and the
+    demo says so and goes on to the end instead of stopping with the error."""
+    proc = _zml("demo", "--requests", "21", "--time-scale", "0.3")
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr + out
+    assert "1 of 21 requests refused: zml.RoutingError no_viable_node" in out
+    assert "all nodes over capacity" in out and "the fleet has 20 slots" in out
+    assert "routing error shown: yes" in out and "Traceback" not in proc.stderr
+
+
 def test_demo_config_is_valid_and_has_the_seed_policy(tmp_path: Path) -> None:
     path = tmp_path / "zml.toml"
     path.write_text(demo_config())

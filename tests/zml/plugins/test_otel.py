@@ -73,6 +73,7 @@ def test_success_span_attributes_events_and_metrics(traced: SimpleNamespace) -> 
     # not a stream: no stream flag, no time-to-first-chunk (the conventions: streams only)
     assert "gen_ai.request.stream" not in a
     assert "gen_ai.response.time_to_first_chunk" not in a
+    assert "zml.ttft_s" not in a  # a whole answer shows no first token
     assert points(traced.reader, "gen_ai.client.operation.time_to_first_chunk") == []
     tokens = {p.attributes["gen_ai.token.type"]: p.sum
               for p in points(traced.reader, "gen_ai.client.token.usage")}

@@ -9,8 +9,10 @@ Routing decides from this state; dispatch changes it. Three rules keep it honest
   capacity accounting only when they are handed the same Fleet object on purpose
   (``Client(fleet=other.fleet)``); nothing is shared by accident, and nothing lives at module
   level.
-* Observations are cheap EWMAs, updated when a call ends; a node's ``load`` is the larger of
-  the client's own reservations and what the node last reported on ``/metrics``.
+* Observations are cheap EWMAs, updated when a call ends: the time to first token from
+  streamed calls only (a whole answer's first token is never seen, so its time says nothing
+  of it), the service time from every call; a node's ``load`` is the larger of the client's
+  own reservations and what the node last reported on ``/metrics``.
 
 Health score (0..1): an EWMA of call outcomes (success 1, failure 0, weight ``HEALTH_ALPHA``)
 and of probe results; after a failure it recovers linearly without traffic, at a rate of 1 per
@@ -28,7 +30,8 @@ or ahead of observed ones, so it is tried rather than starved.
 
 Circuit breaker, per node: ``CIRCUIT_FAILURES`` consecutive failures open it for
 ``CIRCUIT_COOLDOWN_S``; then it is half-open and admits one trial request; success closes it,
-failure opens it again.
+failure opens it again (``NodeState.circuit_at(now)`` and ``Fleet.status`` show the state at a
+time: ``half_open`` from the end of the cooldown).
 """
 
 from __future__ import annotations
@@ -144,9 +147,10 @@ class NodeState:
         self.health: float = 1.0
         self.health_at: float = 0.0
         self.ttft_ms: float | None = None
-        """Base TTFT routing predicts from: EWMA of observed TTFT less its explained part."""
+        """Base TTFT routing predicts from: EWMA of observed TTFT less its explained part
+        (streamed calls only: a whole answer shows no first token)."""
         self.observed_ttft_ms: float | None = None
-        """EWMA of the observed TTFT, as calls saw it."""
+        """EWMA of the observed TTFT, as streamed calls saw it."""
         self.service_ms: float | None = None
         self.consecutive_failures: int = 0
         self.open_until: float | None = None
@@ -166,15 +170,25 @@ class NodeState:
 
     @property
     def latency_ms(self) -> float | None:
-        """The observed TTFT (EWMA) as ``zml.strategies.Candidate`` reads it."""
+        """The observed TTFT (``observed_ttft_ms``: an EWMA, weight ``EWMA_ALPHA``, of
+        streamed calls) as ``zml.strategies.Candidate`` reads it."""
         return self.observed_ttft_ms
 
     @property
     def circuit_state(self) -> str:
-        """``closed``, ``open`` or ``half_open`` (as last updated)."""
+        """``closed``, ``open`` or ``half_open`` as last updated: ``open`` until a trial is
+        reserved, even after the cooldown (:meth:`circuit_at` reads the clock)."""
         if self.open_until is None:
             return "closed"
         return "half_open" if self.trial_in_flight else "open"
+
+    def circuit_at(self, now: float) -> str:
+        """The circuit at ``now``: ``closed``; ``open`` during the cooldown; ``half_open``
+        once it is over (it admits one trial) or while the trial is under way."""
+        until = self.open_until
+        if until is None:
+            return "closed"
+        return "half_open" if self.trial_in_flight or now >= until else "open"
 
     def _update_load(self) -> None:
         reported = self.reported_load
@@ -348,7 +362,8 @@ class Fleet:
         """A plain snapshot of every node, for ``zml fleet status`` and tests (health as of
         ``now``, default the monotonic clock)."""
         with self.lock:
-            self.refresh(time.monotonic() if now is None else now)
+            now = time.monotonic() if now is None else now
+            self.refresh(now)
             return [
                 {
                     "id": n.id,
@@ -360,7 +375,7 @@ class Fleet:
                     "max_concurrency": n.max_concurrency,
                     "max_queue": n.max_queue,
                     "health": round(n.health, 3),
-                    "circuit": n.circuit_state,
+                    "circuit": n.circuit_at(now),
                     "ttft_ms": None if n.observed_ttft_ms is None
                     else round(n.observed_ttft_ms, 1),
                     "base_ttft_ms": None if n.ttft_ms is None else round(n.ttft_ms, 1),
@@ -479,9 +494,12 @@ class Fleet:
     ) -> None:
         """A call on ``node`` succeeded: update latency EWMAs, health and the circuit.
 
-        ``explained_ms`` is the part of the call's TTFT that routing predicted from the
-        request itself (its prefill, the requests ahead of it); the base TTFT routing learns
-        (``ttft_ms``) is the observed TTFT less that part, and ``observed_ttft_ms`` the raw one.
+        ``ttft_s`` is the call's time to first token, known for a stream only: a whole
+        (non-streamed) answer passes None, and the TTFT estimates stay as they are (its time
+        is all service time, ``service_s``). ``explained_ms`` is the part of the call's TTFT
+        that routing predicted from the request itself (its prefill, the requests ahead of
+        it); the base TTFT routing learns (``ttft_ms``) is the observed TTFT less that part,
+        and ``observed_ttft_ms`` the raw one.
         """
         with self.lock:
             if ttft_s is not None:

@@ -12,10 +12,14 @@ order) and, like the peers, ignores ``accelerator_chain`` order, latency targets
     LiteLLM's ``least-busy``: the candidate with the fewest requests in flight from this
     router (ties: a random one among them).
 ``latency_based``
-    LiteLLM's ``latency-based-routing``: the candidate with the lowest average of its last
-    ``LATENCY_WINDOW`` (10) observed latencies (time to first token, as LiteLLM uses for
-    streams); a candidate with no observation yet counts as 0 (so it is tried first); ties go
-    to a random one (LiteLLM's default ``lowest_latency_buffer`` of 0).
+    LiteLLM's ``latency-based-routing``: the candidate with the lowest average observed
+    latency (time to first token, as LiteLLM uses for streams), ``Candidate.latency_ms``; a
+    candidate with no observation yet counts as 0 (so it is tried first); ties go to a random
+    one (LiteLLM's default ``lowest_latency_buffer`` of 0). Which average depends on who
+    observes: the replay engine's nodes (``zml.sim.replay``) keep the mean of the last
+    ``LATENCY_WINDOW`` (10) TTFTs, as LiteLLM does; a live client's fleet gives its moving
+    average (``NodeState.observed_ttft_ms``: an EWMA, weight ``zml.fleet.EWMA_ALPHA`` = 0.2,
+    of streamed calls' TTFTs).
 
 A strategy is a pure function ``(candidates, state, rng) -> index``: it reads only what it is
 given, keeps its memory in the caller-owned :class:`StrategyState` and draws randomness only
@@ -61,7 +65,8 @@ class Candidate(Protocol):
 
     @property
     def latency_ms(self) -> float | None:
-        """Average of the node's last ``LATENCY_WINDOW`` observed latencies; None if none."""
+        """The node's average observed TTFT (the replay's mean of the last
+        ``LATENCY_WINDOW``, a live fleet's EWMA: see ``latency_based``); None if none."""
 
 
 @dataclass

@@ -6,7 +6,9 @@ sends traffic in three phases:
 
 1. quiet traffic from the sync ``Client``: everything lands on the first family, H100;
 2. a concurrent burst from ``AsyncClient`` (plain and streamed): H100 fills past its high-water
-   mark and the rest falls back to MI300X (then H100_PCIe);
+   mark and the rest falls back to MI300X (then H100_PCIe); a burst larger than the fleet's 20
+   slots has requests refused with a ``RoutingError`` (the policy does not queue), counted in
+   one line;
 3. saturation: long streams hold every slot of every family, one more request gets a
    ``RoutingError`` whose ``routing_context`` is printed, then the held streams are cancelled
    and the nodes report the aborted requests.
@@ -101,11 +103,14 @@ def _messages(i: int) -> list[dict[str, Any]]:
 
 
 async def _burst(config: Path, n: int, records: list[tuple[str, RoutingInfo]],
-                 progress: Progress) -> None:
+                 progress: Progress) -> list[RoutingError]:
+    """Send ``n`` concurrent requests; record where each went, return the refused ones'
+    errors (a burst larger than the fleet's slots finds every node busy: the policy does not
+    queue)."""
     task = progress.add_task("burst: AsyncClient, concurrent", total=n)
     async with AsyncClient(config=config) as client:
 
-        async def one(i: int) -> RoutingInfo:
+        async def one(i: int) -> RoutingInfo | RoutingError:
             try:
                 if i % 2:
                     stream = client.infer_stream(DEMO_MODEL, _messages(i), policy=POLICY,
@@ -117,11 +122,36 @@ async def _burst(config: Path, n: int, records: list[tuple[str, RoutingInfo]],
                 response = await client.infer(DEMO_MODEL, _messages(i), policy=POLICY,
                                               max_tokens=32)
                 return response.routing
+            except RoutingError as exc:
+                return exc
             finally:
                 progress.advance(task)
 
+        refused: list[RoutingError] = []
         for info in await asyncio.gather(*(one(i) for i in range(n))):
-            records.append(("2 burst (async)", info))
+            if isinstance(info, RoutingError):
+                refused.append(info)
+            else:
+                records.append(("2 burst (async)", info))
+        return refused
+
+
+def _refusals(refused: list[RoutingError], n: int) -> Text:
+    """One line on the burst's refused requests: how many, and what routing said."""
+    reasons: Counter[str] = Counter()
+    finals: Counter[str] = Counter()
+    for exc in refused:
+        ctx = exc.routing_context
+        finals[str(ctx.get("final_error"))] += 1
+        for entry in ctx.get("evaluated", ()):
+            reasons[f"{entry['family']} {str(entry['rejected_reason']).replace('_', ' ')}"] += 1
+    why = ", ".join(reasons) or "no family evaluated"
+    slots = sum(s for _, _, s in NODES)
+    return Text(
+        f"  {len(refused)} of {n} requests refused: zml.RoutingError {', '.join(finals)} "
+        f"({why}); the fleet has {slots} slots and {POLICY} does not queue "
+        "(queue_on_saturation = true would wait for a slot)"
+    )
 
 
 async def _saturate(config: Path, records: list[tuple[str, RoutingInfo]]
@@ -251,7 +281,9 @@ def _run(console: Console, config: Path, burst: int,
 
         console.rule(f"2. a burst of {burst} concurrent requests: zml.AsyncClient")
         with Progress(console=console, transient=False) as progress:
-            asyncio.run(_burst(config, burst, records, progress))
+            refused = asyncio.run(_burst(config, burst, records, progress))
+        if refused:
+            console.print(_refusals(refused, burst), soft_wrap=True)
 
         console.rule("3. saturation: every slot of every family held by a stream")
         error, held = asyncio.run(_saturate(config, records))

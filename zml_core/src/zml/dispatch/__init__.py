@@ -7,7 +7,7 @@ run under any clock:
 ``request.py``    :class:`Request` — frozen: what the caller asked (and :class:`Timeouts`)
 ``record.py``     :class:`Record` — what happened: attempts, nodes tried, queueing, outcome
 ``ops.py``        the operations a flow yields (Now, Reserve, Release, Mark, Notify, Enqueue,
-                  Dequeue, Wait, Lease, Send)
+                  Dequeue, Wait, Lease, Send) and what Reserve answers
 ``flow.py``       :func:`attempt_flow` and the endings — the decisions, with no effects; the
                   failover rules are in its docstring
 ``effects.py``    :class:`Effects` — carries out the common operations (fleet, clock, plugins)
@@ -47,6 +47,7 @@ from .ops import (
     Release,
     Reserve,
     Reserved,
+    Saturated,
     Send,
     Wait,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "Reserve",
     "Reserved",
     "ResponseSummary",
+    "Saturated",
     "Send",
     "Step",
     "Ticket",

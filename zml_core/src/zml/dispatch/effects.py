@@ -10,9 +10,10 @@ so a failing plugin never fails a request.
 
 from __future__ import annotations
 
+import math
 import random
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Set as AbstractSet
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import routing
@@ -30,14 +31,16 @@ from .ops import (
     Release,
     Reserve,
     Reserved,
+    Saturated,
 )
 from .queue import SaturationQueues
 
 if TYPE_CHECKING:
     from ..plugins.manager import PluginManager
+    from .request import Request
     from .view import CallView
 
-__all__ = ["Effects"]
+__all__ = ["Effects", "could_wait"]
 
 _T = TypeVar("_T")
 
@@ -95,12 +98,15 @@ class Effects:
             return None
         raise TypeError(f"{kind.__name__} is carried out by the driver, not by Effects")
 
-    def reserve(self, op: Reserve) -> Reserved | Behind | routing.NoRoute:
+    def reserve(self, op: Reserve) -> Reserved | Behind | Saturated | routing.NoRoute:
         """Route and reserve in one critical section (see :class:`~.ops.Reserve`).
 
         The request's size (``prompt_chars`` -> tokens) and, under ``affinity = "prefix"``,
         its prefix blocks go to routing; a policy's ``strategy`` routes with that baseline
-        strategy of :mod:`zml.strategies` instead.
+        strategy of :mod:`zml.strategies` instead. A request with a queue ticket finds no node
+        as :class:`~.ops.Saturated` when freed capacity could serve it (:func:`could_wait`),
+        else as the ``NoRoute``; it is :class:`~.ops.Behind` while requests that wait for
+        capacity are ahead of it in its queue.
         """
         req = op.request
         fleet = self.fleet
@@ -134,9 +140,16 @@ class Effects:
                 )
             decision_us = (time.perf_counter() - t0) * 1e6
             ticket = op.ticket
-            if ticket is not None and self.queues.ahead(ticket):
-                return Behind(tuple(e.as_dict() for e in decision.evaluated))
-            if isinstance(decision, routing.NoRoute):
+            if ticket is not None:
+                if isinstance(decision, routing.NoRoute):
+                    if not could_wait(fleet, req, decision, tokens, op.now, op.exclude):
+                        return decision  # no freed slot can cure it: it fails, queued or not
+                    if not self.queues.ahead(ticket):
+                        return Saturated(decision)
+                    return Behind(tuple(e.as_dict() for e in decision.evaluated))
+                if self.queues.ahead(ticket):
+                    return Behind(tuple(e.as_dict() for e in decision.evaluated))
+            elif isinstance(decision, routing.NoRoute):
                 return decision
             node = cast("NodeState", decision.node)  # this fleet's own node
             # An answer that comes whole shows no first token: its prompt counts as
@@ -162,3 +175,32 @@ class Effects:
                 op = flow.send(self.perform(op, view))
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
+
+
+def could_wait(fleet: Fleet, req: Request, decision: routing.NoRoute, tokens: int,
+               now: float, exclude: AbstractSet[str]) -> bool:
+    """Whether freed capacity could let routing take a request that found no node: some node
+    it may use (not tried for it, circuit not open, health at the threshold or above) would be
+    within the latency limit idle (its base TTFT, or the family's prior, plus the prompt's own
+    prefill, as :mod:`zml.routing` predicts), so that only the work on it (its slots taken, the
+    prefill and requests ahead) stands in the way. Read under the fleet's lock, only when
+    routing found no node."""
+    policy = req.policy
+    limit = math.inf
+    threshold = req.health_threshold
+    if policy is not None and policy.latency_target_ms is not None:
+        limit = policy.latency_target_ms
+        if policy.cost_priority == "cost":
+            limit *= routing.COST_LATENCY_MARGIN
+    for evaluation in decision.evaluated:
+        family = evaluation.family
+        prior, tps = fleet.family_prior(family)
+        own_ms = tokens * 1000.0 / tps if tps else 0.0
+        for node in fleet.nodes_for(req.model, family):
+            if node.id in exclude or node.health < threshold or (
+                    not node.circuit_allows(now) and not node.trial_in_flight):
+                continue
+            base = node.ttft_ms if node.ttft_ms is not None else prior
+            if base + own_ms <= limit:
+                return True
+    return False

@@ -24,9 +24,21 @@ Failover rules (the contract):
 * A non-streamed attempt waits at most ``first_token`` (when set) or, when routing saw other
   candidates, the time left divided by the attempts left, so that a stalled node fails over
   before the deadline.
+* A timeout at the request's own deadline (the attempt had all the time left) is the caller's
+  budget running out, not the node failing: the node is not marked, it is not listed in
+  ``attempts``, and the request ends with ZMLTimeoutError.
+
+Saturation queue (``queue_on_saturation``): a request that finds no node waits in its
+policy's queue only when freed capacity could serve it (:class:`~.ops.Saturated`: a node it
+may use is full, or over the latency limit only for the work on it); otherwise (its own prompt
+puts every idle node over the limit, no node serves the model, every node is unhealthy,
+circuit-open or tried) it fails at once with ``no_viable_node``, queued or not. Requests that
+wait are served first come, first served (:class:`~.ops.Behind`); one that joins the queue
+routes again at once, so a slot freed while it was joining is not missed.
 
 ``final_error`` values: ``no_viable_node`` (routing found no node), ``queue_timeout`` (waited
-``max_queue_ms`` in the saturation queue), ``queue_full`` (the saturation queue is at
+``max_queue_ms`` in the saturation queue; when the request's deadline ends the wait first, it
+is the deadline's ZMLTimeoutError, which says so), ``queue_full`` (the saturation queue is at
 ``QUEUE_LIMIT``), ``attempts_exhausted`` (every attempt failed).
 """
 
@@ -37,7 +49,14 @@ from collections.abc import Generator, Mapping
 from typing import Any, NamedTuple
 
 from .. import routing
-from ..errors import NodeError, RateLimitError, RoutingError, ZMLError, ZMLTimeoutError
+from ..errors import (
+    NodeError,
+    NodeTimeoutError,
+    RateLimitError,
+    RoutingError,
+    ZMLError,
+    ZMLTimeoutError,
+)
 from ..transport import RETRY_AFTER_MAX_S
 from ..types import Attempt, Cost, RoutingInfo, trusted
 from .ops import (
@@ -52,6 +71,7 @@ from .ops import (
     Release,
     Reserve,
     Reserved,
+    Saturated,
     Send,
     Wait,
 )
@@ -94,24 +114,30 @@ def attempt_flow(
     ZMLTimeoutError or the node's non-retryable error; the driver then runs :func:`end_flow`.
     """
     ticket = rec_ticket(req, rec)
+    behind = False  # whether the last wait in the queue was behind others
     while True:
         now = yield Now()
-        _check_deadline(req, rec, now)
-        if rec.queued_at is not None and rec.queue_deadline is not None \
+        _check_deadline(req, rec, now, behind)
+        if ticket is not None and ticket.queued and rec.queue_deadline is not None \
                 and now >= rec.queue_deadline:
-            raise _queue_timeout(req, rec, now)
+            raise _queue_timeout(req, rec, now, behind)
         result = yield Reserve(req, frozenset(rec.tried), now, ticket)
         if isinstance(result, Behind):
+            behind = True
             if result.trace:
                 rec.trace = list(result.trace)
             if ticket is not None and not ticket.queued:
                 yield from _enqueue(req, rec, now, _context(req, rec, "queue_full"))
+                continue  # in line now: look again (the head may have left in between)
             yield Wait(_behind_until(req, rec), ticket)
             continue
-        if isinstance(result, routing.NoRoute):
-            rec.trace = [e.as_dict() for e in result.evaluated]
-            wait = yield from _no_route(req, rec, result, now)
-            yield wait
+        if isinstance(result, Saturated | routing.NoRoute):
+            behind = False
+            no_route = result.decision if isinstance(result, Saturated) else result
+            rec.trace = [e.as_dict() for e in no_route.evaluated]
+            wait = yield from _no_route(req, rec, no_route, now, isinstance(result, Saturated))
+            if wait is not None:
+                yield wait
             continue
         assert isinstance(result, Reserved)
         step = _step(req, rec, result, now, settings)
@@ -219,8 +245,10 @@ def idle_timeout(req: Request, now: float) -> float | None:
     return remaining if idle is None else min(idle, remaining)
 
 
-def _no_route(req: Request, rec: Record, decision: routing.NoRoute,
-              now: float) -> Generator[Operation, Any, Wait]:
+def _no_route(req: Request, rec: Record, decision: routing.NoRoute, now: float,
+              saturated: bool) -> Generator[Operation, Any, Wait | None]:
+    """No node now: wait for a rate-limited node, or (``saturated``: freed capacity could
+    serve it) in the saturation queue; None: just joined it, route again at once."""
     # A rate-limited node whose Retry-After falls within the deadline: wait and retry it.
     deadline = req.deadline
     if rec.retry_at:
@@ -231,11 +259,11 @@ def _no_route(req: Request, rec: Record, decision: routing.NoRoute,
             return Wait(until=at)
     if rec.attempts:
         raise _exhausted(rec, decision.context())
-    policy = req.policy
     ticket = rec_ticket(req, rec)
-    if policy is not None and ticket is not None:
+    if saturated and ticket is not None:
         if not ticket.queued:
             yield from _enqueue(req, rec, now, decision.context())
+            return None  # in line now: look again (a slot may have freed in between)
         until = now + QUEUE_RECHECK_S
         if rec.queue_deadline is not None:
             until = min(until, rec.queue_deadline)
@@ -273,14 +301,26 @@ def _behind_until(req: Request, rec: Record) -> float:
     return math.inf if rec.queue_deadline is None else rec.queue_deadline
 
 
-def _queue_timeout(req: Request, rec: Record, now: float) -> RoutingError:
+def _queue_timeout(req: Request, rec: Record, now: float, behind: bool) -> RoutingError:
+    """``max_queue_ms`` passed in the saturation queue (``behind``: still behind others)."""
     ctx = _context(req, rec, "queue_timeout")
     waited = 0.0 if rec.queued_at is None else (now - rec.queued_at) * 1e3
+    policy = req.policy
+    limit = f"max_queue_ms={policy.max_queue_ms:g}" if policy and policy.max_queue_ms else ""
     ctx["recommendation"] = (
-        f"no capacity freed within {waited:.0f} ms of queueing; increase fleet capacity "
-        "or raise max_queue_ms"
+        f"waited {waited:.0f} ms in the saturation queue{', its ' + limit if limit else ''}, "
+        f"and {_why_queued(rec, behind)}; increase fleet capacity or raise max_queue_ms"
     )
     return RoutingError(ctx)
+
+
+def _why_queued(rec: Record, behind: bool) -> str:
+    """Why a queued request was still waiting, from its last routing trace."""
+    if behind:
+        return "requests queued earlier for the same model were still waiting ahead of it"
+    found = ", ".join(f"{e['family']} {e['rejected_reason']}" for e in rec.trace
+                      if e.get("rejected_reason"))
+    return f"no node could take it ({found})" if found else "no node could take it"
 
 
 def _context(req: Request, rec: Record, final_error: str) -> dict[str, Any]:
@@ -306,23 +346,59 @@ def _exhausted(rec: Record, context: dict[str, Any]) -> RoutingError:
     return err
 
 
-def _check_deadline(req: Request, rec: Record, now: float) -> None:
+def _check_deadline(req: Request, rec: Record, now: float, behind: bool = False) -> None:
     deadline = req.deadline
-    if deadline is not None and now >= deadline:
+    if deadline is None or now < deadline:
+        return
+    routing_info = rec.current.routing if rec.current else None
+    ticket = rec.ticket
+    if ticket is not None and ticket.queued and rec.queued_at is not None:
+        waited = (now - rec.queued_at) * 1e3
         raise ZMLTimeoutError(
-            f"request deadline of {req.timeouts.total}s expired after "
-            f"{len(rec.attempts)} failed attempt(s)",
-            routing=rec.current.routing if rec.current else None,
+            f"request deadline of {req.timeouts.total}s expired after {waited:.0f} ms in the "
+            f"saturation queue of policy {req.policy_name!r}, and {_why_queued(rec, behind)}; "
+            "raise the timeout or increase fleet capacity (max_queue_ms ends the wait sooner, "
+            "with RoutingError queue_timeout)",
+            routing=routing_info,
         )
+    raise ZMLTimeoutError(
+        f"request deadline of {req.timeouts.total}s expired after "
+        f"{len(rec.attempts)} failed attempt(s)",
+        routing=routing_info,
+    )
+
+
+def _deadline_during(req: Request, rec: Record, step: Step) -> ZMLTimeoutError:
+    """The error for an attempt cut short by the request's own deadline."""
+    failed = len(rec.attempts)
+    node = step.node.id
+    where = (f"before node {node!r} sent its first token" if req.stream
+             else f"while node {node!r} was answering")
+    fix = "raise the timeout" if req.stream else \
+        "raise the timeout, ask for fewer tokens (max_tokens) or stream the answer"
+    return ZMLTimeoutError(
+        f"request deadline of {req.timeouts.total}s expired {where}"
+        + (f", after {failed} failed attempt(s)" if failed else "") + f"; {fix}",
+        routing=step.routing,
+    )
 
 
 def _failed(req: Request, rec: Record, step: Step, exc: NodeError,
             settings: FlowSettings) -> Generator[Operation, Any, None]:
-    """``step`` failed before any token reached the caller: release, mark, maybe go on."""
+    """``step`` failed before any token reached the caller: release, mark, maybe go on.
+
+    A timeout at the request's own deadline is the caller's budget running out, not the
+    node failing: the node is not marked, and the request ends with the deadline's
+    ZMLTimeoutError.
+    """
     now = yield Now()
     yield Release(step.reservation)
     exc.node_id = exc.node_id or step.node.id
     exc.routing = step.routing
+    deadline = req.deadline
+    if deadline is not None and isinstance(exc, NodeTimeoutError) \
+            and now + _DEADLINE_SLACK_S >= deadline:
+        raise _deadline_during(req, rec, step) from exc
     rec.last_error = exc
     attempt = Attempt(
         node_id=step.node.id,
@@ -362,7 +438,9 @@ def success_flow(
     rec.response = response
     rec.current = step
     yield Release(step.reservation)
-    ttft = None if step.first_token_at is None else step.first_token_at - step.sent_at
+    # A whole answer says nothing of its first token: only a stream's TTFT is learned.
+    first = step.first_token_at
+    ttft = None if first is None or not req.stream else first - step.sent_at
     yield Mark(step.node, ok=True, now=now, ttft_s=ttft, service_s=now - step.sent_at,
                explained_ms=step.explained_ms)
     rec.outcome = "completed"

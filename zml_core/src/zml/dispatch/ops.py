@@ -10,6 +10,7 @@ operation          what the driver does                        what the flow rec
 =================  ==========================================  ==============================
 ``Now()``          reads the clock                             seconds (float)
 ``Reserve(...)``   routes and reserves a slot, atomically      ``Reserved`` | ``Behind`` |
+                                                               ``Saturated`` |
                                                                ``routing.NoRoute``
 ``Release(...)``   gives a slot back (``refused``: the ledger  None
                    said the node is full)
@@ -50,6 +51,7 @@ __all__ = [
     "Release",
     "Reserve",
     "Reserved",
+    "Saturated",
     "Send",
     "Wait",
 ]
@@ -79,9 +81,20 @@ class Reserved(NamedTuple):
 
 
 class Behind(NamedTuple):
-    """Requests queued earlier for the same model come first: wait behind them."""
+    """Requests queued earlier for the same model, which freed capacity could serve, come
+    first: wait behind them."""
 
     trace: tuple[dict[str, Any], ...]
+
+
+class Saturated(NamedTuple):
+    """No node can take the request now, but freed capacity could (a node it may use is full
+    or over the latency limit only for the work already on it, and idle would take it): a
+    request whose policy queues may wait for a slot. (A ``routing.NoRoute`` result is one no freed slot can cure: its own
+    prompt puts every idle node over the limit, no node serves the model, every node is
+    unhealthy, circuit-open or already tried.)"""
+
+    decision: routing.NoRoute
 
 
 class Release(NamedTuple):

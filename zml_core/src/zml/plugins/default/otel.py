@@ -11,8 +11,9 @@ this plugin nearly free, and an application that configures one (``TracerProvide
   ``stop_sequences``, ``choice.count`` when not 1), ``gen_ai.request.stream`` (set, true, on
   streams only), ``gen_ai.response.model``, ``gen_ai.response.id``,
   ``gen_ai.response.finish_reasons``, ``gen_ai.response.time_to_first_chunk`` (streams: seconds
-  from the call to the first chunk, queueing and failover included), ``zml.ttft_s`` (seconds
-  from sending to the first token on the node that answered: the TTFT policies route on),
+  from the call to the first chunk, queueing and failover included), ``zml.ttft_s`` (streams:
+  seconds from sending to the first token on the node that answered: the TTFT policies route
+  on),
   ``gen_ai.usage.input_tokens``,
   ``gen_ai.usage.output_tokens``, ``server.address``/``server.port``, plus ``zml.policy``,
   ``zml.accelerator``, ``zml.node_id``, ``zml.queue_depth``, ``zml.attempts`` and the cost;
@@ -303,7 +304,7 @@ class OpenTelemetryPlugin:
         input_tokens, output_tokens = _tokens(usage)
         host, port = _split_address(routing.server_address)
         ttfc = call.first_chunk_s if call.stream else None
-        node_ttft = call.ttft_s
+        node_ttft = call.ttft_s if call.stream else None  # a whole answer shows no first token
         if span.is_recording():
             response = call.response
             attributes: dict[str, Any] = {
