@@ -5,7 +5,7 @@ request is sent, until ``first_token`` or the deadline, the earlier: the connect
 the wait for the response's headers (which a node may drip byte by byte, or stretch with
 ``102 Processing`` interim responses), an error status's body and the wait for the first token
 all end there, whatever the node sends. Once the first token came, the stream is watched until
-the deadline alone (:meth:`Attempt.opened`).
+the deadline alone (:meth:`StreamAttempt.opened`).
 
 An error status's body is read up to :data:`~zml.transport.MAX_ERROR_BODY_BYTES` only (what
 ``NodeStatusError.body`` keeps); the rest is never read, the connection is dropped.
@@ -25,17 +25,17 @@ from .transport import aread_error_body, check_status, map_transport_error, read
 from .types import ChatCompletionChunk
 from .watchdog import LoopWatchdog, Watch, Watchdog
 
-__all__ = ["Attempt", "Expired", "Target", "open_async", "open_sync", "read_next"]
+__all__ = ["StreamAttempt", "StreamExpired", "Target", "open_async", "open_sync", "read_next"]
 
 Target = Callable[[Call, Step], "tuple[httpx2.URL, dict[str, str]]"]
 """Where an attempt is sent and with which headers (the client's ``_target``)."""
 
 
-class Expired(Exception):
+class StreamExpired(Exception):
     """The stream's deadline passed (internal; mapped to a timeout error)."""
 
 
-class Attempt:
+class StreamAttempt:
     """One attempt's response while it is being opened, then the open stream's read state.
 
     Holds no reference to the stream object, so that the stream alone decides its lifetime.
@@ -81,12 +81,12 @@ class Attempt:
         return request
 
     def arrived(self, response: httpx2.Response) -> None:
-        """The response's headers are in: watch the response from now on (:class:`Expired` if
+        """The response's headers are in: watch the response from now on (:class:`StreamExpired` if
         the watch fired before they came)."""
         self.response = response
         watch = self.watch
         if watch is not None and not watch.follow(response):
-            raise Expired
+            raise StreamExpired
 
     def started(self, request: httpx2.Request, response: httpx2.Response) -> None:
         """Headers in, status fine: check it is an event stream; reads now wait ``idle``.
@@ -175,7 +175,7 @@ class Attempt:
 
     def error(self, exc: BaseException) -> BaseException:
         """The error to raise for a failure while opening (retryable where the node's fault)."""
-        if isinstance(exc, Expired) or self.expired():
+        if isinstance(exc, StreamExpired) or self.expired():
             return self.no_token()
         if isinstance(exc, httpx2.HTTPError):
             return map_transport_error(exc, self.step.node.id)
@@ -183,11 +183,11 @@ class Attempt:
 
 
 def open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
-              watchdog: Watchdog, target: Target) -> tuple[Attempt, list[ChatCompletionChunk]]:
+              watchdog: Watchdog, target: Target) -> tuple[StreamAttempt, list[ChatCompletionChunk]]:
     """Dispatch a stream (failover included) until its first token arrives."""
 
-    def attempt(step: Step) -> tuple[Attempt, list[ChatCompletionChunk]]:
-        op = Attempt(call, step)
+    def attempt(step: Step) -> tuple[StreamAttempt, list[ChatCompletionChunk]]:
+        op = StreamAttempt(call, step)
         clock = call.d.clock
         try:
             request = op.request(http, target, watchdog)
@@ -219,11 +219,11 @@ def open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
 
 async def open_async(call: Call, http: httpx2.AsyncClient,
                      wait: Callable[[Wait], Awaitable[None]], deadlines: LoopWatchdog,
-                     target: Target) -> tuple[Attempt, list[ChatCompletionChunk]]:
+                     target: Target) -> tuple[StreamAttempt, list[ChatCompletionChunk]]:
     """:func:`open_sync` for the async client."""
 
-    async def attempt(step: Step) -> tuple[Attempt, list[ChatCompletionChunk]]:
-        op = Attempt(call, step)
+    async def attempt(step: Step) -> tuple[StreamAttempt, list[ChatCompletionChunk]]:
+        op = StreamAttempt(call, step)
         clock = call.d.clock
         try:
             request = op.request(http, target, deadlines)

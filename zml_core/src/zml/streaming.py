@@ -44,7 +44,7 @@ import httpx2
 
 from .dispatch import Call, ResponseSummary, Wait
 from .errors import NodeError
-from .stream_open import Attempt, Expired, Target, open_async, open_sync, read_next
+from .stream_open import StreamAttempt, StreamExpired, Target, open_async, open_sync, read_next
 from .types import ChatCompletionChunk, RoutingInfo, Usage
 from .watchdog import LoopWatchdog, Watchdog, shutdown_socket
 
@@ -66,7 +66,7 @@ class _Base:
     __slots__ = ("_call", "_op", "_phase", "_ready")
 
     _call: Call
-    _op: Attempt | None
+    _op: StreamAttempt | None
     _phase: int
     _ready: list[ChatCompletionChunk]
 
@@ -101,7 +101,7 @@ class _Base:
         op = self._op
         return None if op is None else op.decoder.usage
 
-    def _adopt(self, opened: tuple[Attempt, list[ChatCompletionChunk]]) -> None:
+    def _adopt(self, opened: tuple[StreamAttempt, list[ChatCompletionChunk]]) -> None:
         op, ready = opened
         self._op = op
         ready.reverse()
@@ -114,7 +114,7 @@ class _Base:
         assert op is not None
         deadline = op.deadline
         if deadline is not None and self._call.d.clock() >= deadline:
-            raise Expired
+            raise StreamExpired
         events = op.splitter.feed(data)
         if not events:
             return None
@@ -160,7 +160,7 @@ class _Base:
         assert op is not None
         call = self._call
         err: BaseException = exc
-        if isinstance(exc, Expired) or op.expired():
+        if isinstance(exc, StreamExpired) or op.expired():
             err = call.deadline_error(op.decoder)
         elif isinstance(exc, httpx2.HTTPError):
             deadline = op.deadline
@@ -242,7 +242,7 @@ class Stream(_Base):
             self._close()
         raise StopIteration
 
-    def _drain(self, op: Attempt, body: Iterator[bytes]) -> None:
+    def _drain(self, op: StreamAttempt, body: Iterator[bytes]) -> None:
         """Read the end of the response after ``[DONE]`` so its connection can be reused (at
         most :data:`DRAIN_S`, as the async stream)."""
         watch = self._watchdog.watch(self._call.d.clock() + DRAIN_S, op.response)
@@ -356,7 +356,7 @@ class AsyncStream(_Base):
             await self._close()
         raise StopAsyncIteration
 
-    async def _drain(self, op: Attempt, body: AsyncIterator[bytes]) -> None:
+    async def _drain(self, op: StreamAttempt, body: AsyncIterator[bytes]) -> None:
         """Read the end of the response after ``[DONE]`` (at most :data:`DRAIN_S`)."""
         op.unwatch()
         op.watch = self._deadlines.watch(self._call.d.clock() + DRAIN_S, op.response)
