@@ -385,7 +385,7 @@ class Outcome:
         self.family: str = ""
         self.node: str = ""
         self.kind: str = "error"
-        self.started = False
+        self.started: bool = False
         """Whether the response has started (an error can then no longer be a reply)."""
 
     def served(self, routing: Any) -> None:
