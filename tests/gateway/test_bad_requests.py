@@ -157,6 +157,7 @@ def test_an_unexpected_failure_is_an_openai_shaped_500_counted_as_an_error(
     assert "a bug in the gateway" not in r.text
     s = post(gw, {"model": MODEL, "messages": MSGS, "max_tokens": 2, "stream": True})
     assert s.status_code == 500 and s.json()["error"]["code"] == "internal_error"
+    assert r.headers["x-should-retry"] == s.headers["x-should-retry"] == "false"
     assert outcomes(gw) == {"error": 2}
     assert metric_samples(gw)["zml_gateway_requests_in_flight"][0].value == 0
 
@@ -195,3 +196,11 @@ def test_an_unknown_model_or_policy_is_echoed_short_and_gets_no_suggestion_when_
     assert len(r.content) < 1000
     short = post(gw, {"model": MODEL, "messages": MSGS}, **{"x-zml-policy": "prdo"})
     assert "did you mean 'prod'" in short.json()["error"]["message"]
+
+
+def test_stream_null_is_the_default_false_as_in_openais_spec(gw: GatewayServer) -> None:
+    r = post(gw, {"model": MODEL, "messages": MSGS, "max_tokens": 2, "stream": None})
+    assert r.status_code == 200, r.text
+    assert r.json()["object"] == "chat.completion"
+    bad = post(gw, {"model": MODEL, "messages": MSGS, "stream": "yes"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream"

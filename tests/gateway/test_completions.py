@@ -180,6 +180,16 @@ def test_no_retry_after_when_no_node_can_ever_serve_the_request(serve_gateway: M
     assert ctx["evaluated"] == [{"family": "H100", "nodes_checked": 0,
                                  "rejected_reason": "no_nodes_for_model"}]
     assert "retry-after" not in r.headers
+    assert r.headers["x-should-retry"] == "false"  # the openai SDKs would retry a 503
+
+
+def test_a_503_worth_retrying_does_not_say_should_retry_false(serve_gateway: Make) -> None:
+    nodes = [{"id": "h100-1", "family": "H100", "max_concurrency": 1,
+              "sim": {"faults": {"error_rate": 1.0, "error_status": 503}}}]
+    gw = serve_gateway(nodes, {"p": {"accelerator_chain": ["H100"]}})
+    r = post(gw, {"model": MODEL, "messages": MSGS}, **{"x-zml-policy": "p"})
+    assert r.status_code == 503 and r.headers["retry-after"] == "10"
+    assert "x-should-retry" not in r.headers
 
 
 def test_a_full_fleet_is_a_503_with_retry_after_one_second(serve_gateway: Make) -> None:

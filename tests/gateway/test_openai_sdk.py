@@ -13,6 +13,7 @@ import zml
 from tests.conftest import MODEL
 
 from .conftest import GATEWAY_KEY, GatewayServer
+from .test_completions import metric_samples
 
 MSGS = [{"role": "user", "content": "hello"}]
 FAMILIES = {"H100": {"cost_per_hour": 4.0}, "MI300X": {"cost_per_hour": 3.0}}
@@ -125,3 +126,21 @@ def test_a_broken_stream_raises_in_the_sdk(serve_gateway: Callable[..., GatewayS
     assert got  # the stream had begun, then it failed loudly
     assert "h100-1" in info.value.message
     assert json.dumps(info.value.body).find("incomplete_stream") >= 0
+
+
+def test_the_sdk_does_not_retry_a_503_that_waiting_cannot_mend(
+        serve_gateway: Callable[..., GatewayServer]) -> None:
+    # No node of the chain serves the model: the gateway says x-should-retry: false, so an SDK
+    # left at its default retries raises after one request, not three.
+    nodes = [{"id": "h100-1", "family": "H100", "max_concurrency": 2, "models": ["other"]},
+             {"id": "mi300x-1", "family": "MI300X", "max_concurrency": 2}]
+    gw = serve_gateway(nodes, {"nvidia": {"accelerator_chain": ["H100"]}}, families=FAMILIES,
+                       gateway='[gateway]\ndefault_policy = "nvidia"\napi_keys_env = "GW_KEYS"',
+                       environ={"GW_KEYS": GATEWAY_KEY})
+    with openai.OpenAI(base_url=gw.base_url, api_key=GATEWAY_KEY, max_retries=2,
+                       timeout=30) as oa, pytest.raises(openai.InternalServerError) as info:
+        oa.chat.completions.create(model=MODEL, messages=MSGS)
+    assert info.value.status_code == 503
+    assert info.value.response.headers["x-should-retry"] == "false"
+    served = sum(s.value for s in metric_samples(gw)["zml_gateway_requests_total"])
+    assert served == 1

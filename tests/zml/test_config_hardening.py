@@ -53,6 +53,25 @@ def test_control_characters_in_a_url_are_refused(bad: str) -> None:
         _node(url=f"http://127.0.0.1:8000/{bad}x")
 
 
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://127.0.0.1:8000/?api-key=TOKEN", "http://127.0.0.1:8000/?…"),
+        ("https://gpu.example/v1?token=TOKEN&x=1", "https://gpu.example/v1?…"),
+        ("http://127.0.0.1:8000#TOKEN", "http://127.0.0.1:8000#…"),
+    ],
+)
+def test_a_query_or_fragment_in_a_url_is_refused_and_not_shown(url: str, shown: str) -> None:
+    # A token in the query would be sent in the middle of the path (zml appends /v1/...) and
+    # shown in routing info, spans and `zml fleet status`.
+    with pytest.raises(zml.PolicyConfigError) as info:
+        _node(url=url)
+    text = str(info.value)
+    assert "query string or fragment" in text and repr(shown) in text
+    assert "TOKEN" not in text and "TOKEN" not in str(info.value.value)
+    assert info.value.field == "url"
+
+
 def test_a_good_url_is_kept() -> None:
     assert _node(url="http://127.0.0.1:8000/").url == "http://127.0.0.1:8000"
 

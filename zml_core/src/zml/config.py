@@ -226,6 +226,18 @@ def url_problem(url: str, node_id: object = None) -> None:
             field="url",
             value=shown,
         )
+    if "?" in url or "#" in url:
+        # A query often carries a token (``?api-key=...``): never shown, never sent, and zml
+        # appends /v1/... to the URL, so a query would end up in the middle of the path.
+        cut = min(i for i in (url.find("?"), url.find("#")) if i >= 0)
+        shown = display_url(url[:cut]) + ("?…" if url[cut] == "?" else "#…")
+        raise PolicyConfigError(
+            f"{who}: url {shown!r} (shown without it) has a query string or fragment; a node "
+            "URL is scheme://host:port[/path] only: remove it, and put the node's key in an "
+            "environment variable named by api_key_env = \"NAME\" (sent as a Bearer token)",
+            field="url",
+            value=shown,
+        )
     try:
         urlsplit(url)
     except ValueError as exc:  # e.g. an unclosed IPv6 bracket

@@ -176,9 +176,11 @@ def _parse(body: bytes) -> _Request | ErrorReply:
                                "parsed; no chat request needs more than a few levels")
     if not isinstance(data, dict):
         return invalid_request("the request body must be a JSON object")
-    stream = data.get("stream", False)
+    stream = data.get("stream")
+    if stream is None:  # OpenAI's spec: boolean or null, default false
+        stream = False
     if not isinstance(stream, bool):
-        return invalid_request("'stream' must be true or false", "stream")
+        return invalid_request("'stream' must be true, false or null", "stream")
     metadata = data.get("metadata")
     if metadata is not None and not isinstance(metadata, dict):
         return invalid_request("'metadata' must be a JSON object", "metadata")

@@ -30,7 +30,10 @@ same rounding.
 
 Any other RoutingError's body also holds ``routing_context`` (the dict ``RoutingError``
 carries), and it gets ``Retry-After`` when waiting may help: some node was full or queued,
-tripped or unhealthy, or every attempt failed; not when no node serves the model. A node
+tripped or unhealthy, or every attempt failed; not when no node serves the model. An error
+that retrying cannot mend (a RoutingError without ``Retry-After``, a node's authentication
+failure, a policy or internal error) carries ``x-should-retry: false``, which openai SDKs
+honour: they raise at once instead of sending the request twice more. A node
 error's body holds ``zml_routing`` when the failed attempt's routing is known. A node's
 authentication failure never shows the node's answer (it may quote the key) nor any key.
 """
@@ -96,6 +99,10 @@ class ErrorReply:
         return b"data: " + self.body() + b"\n\n"
 
 
+NO_RETRY: Headers = ((b"x-should-retry", b"false"),)
+"""Sent with an error that retrying cannot mend (openai SDKs honour it and do not retry)."""
+
+
 def error_reply(status: int, message: str, type_: str, *, code: str | None = None,
                 param: str | None = None, headers: Headers = (), outcome: str = "error",
                 **extra: Any) -> ErrorReply:
@@ -125,10 +132,10 @@ def reply_for(exc: BaseException) -> ErrorReply:
         return _node(exc)
     if isinstance(exc, PolicyConfigError):
         return error_reply(500, str(exc), "server_error", code="policy_config_error",
-                           param=exc.field)
+                           param=exc.field, headers=NO_RETRY)
     logger.error("zml gateway: unexpected error", exc_info=exc)
     return error_reply(500, "internal gateway error (see the gateway's log)", "server_error",
-                       code="internal_error")
+                       code="internal_error", headers=NO_RETRY)
 
 
 def _routing(exc: RoutingError) -> ErrorReply:
@@ -140,10 +147,10 @@ def _routing(exc: RoutingError) -> ErrorReply:
             429, exc.message, "rate_limit_error", code="rate_limited",
             headers=[(b"retry-after", _seconds(after))], outcome="routing_error",
             routing_context=context)
-    headers: list[tuple[bytes, bytes]] = []
+    # Without Retry-After, waiting would not help (no node serves the model, every family is
+    # excluded...): the caller's SDK is told not to retry.
     after = retry_after(context)
-    if after is not None:
-        headers.append((b"retry-after", str(after).encode()))
+    headers = NO_RETRY if after is None else ((b"retry-after", str(after).encode()),)
     return error_reply(503, exc.message, "routing_error", code=context.get("final_error"),
                        headers=headers, outcome="routing_error", routing_context=context)
 
@@ -192,7 +199,8 @@ def _node(exc: NodeError) -> ErrorReply:
             502,
             f"{node} rejected the gateway's node credentials (HTTP {exc.status_code}); the "
             "gateway's operator must check the node API key it sends (ZML_API_KEY)",
-            "upstream_error", code="node_authentication_failed", outcome="node_error", **extra)
+            "upstream_error", code="node_authentication_failed", outcome="node_error",
+            headers=NO_RETRY, **extra)
     if isinstance(exc, BadRequestError):
         param, code = _node_fields(exc.body)
         return error_reply(400, str(exc), "invalid_request_error", code=code, param=param,
