@@ -380,3 +380,96 @@ def test_dropping_an_async_stream_mid_read_state_closes_it(setup: Any) -> None:
             wait_for(aborted_and_idle(node, 1), "the node to abort the request", timeout=5.0)
 
     asyncio.run(main())
+
+
+# --- closed by another task or thread, while this one reads -------------------------------
+
+
+class _Endings:
+    """Counts the terminal hooks of each call."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    @zml.hookimpl
+    def zml_request_completed(self, call: Any) -> None:
+        self.seen.append("completed")
+
+    @zml.hookimpl
+    def zml_request_cancelled(self, call: Any) -> None:
+        self.seen.append("cancelled")
+
+    @zml.hookimpl
+    def zml_request_failed(self, call: Any) -> None:
+        self.seen.append("failed")
+
+
+@pytest.mark.parametrize("when", ["opening", "mid-stream"])
+def test_aclose_from_another_task_ends_the_readers_stream_once(setup: Any, when: str) -> None:
+    """The reader's loop ends (no chunk after the close, no error blaming the node), exactly one
+    ``cancelled`` fires, the node drops the request and its health is untouched."""
+    import zml.sim
+
+    node = setup.node("gpu")
+    if when == "opening":
+        # No first token for 1 s. The reader's opening ends with that first token (or its
+        # deadline): aclose() does not interrupt it, but no chunk is delivered after it.
+        node.set_faults(zml.sim.FaultSpec(stall_s=10.0))
+    endings = _Endings()
+
+    async def main() -> None:
+        async with zml.AsyncClient(config=setup.path, probe_interval_s=None) as client:
+            client.plugins.register(endings)
+            stream = client.infer_stream(MODEL, MSGS, policy="prod", **LONG)
+            read: list[Any] = []
+
+            async def reader() -> None:
+                async for chunk in stream:
+                    read.append(chunk)
+
+            task = asyncio.create_task(reader())
+            if when == "opening":
+                await await_for(lambda: node.stats.running == 1, "the node to take it")
+            else:
+                await await_for(lambda: len(read) >= 2, "two chunks")
+            await stream.aclose()
+            count = len(read)
+            await asyncio.wait_for(task, 10)  # ends, without raising
+            assert len(read) == count
+            assert client.fleet.in_flight == 0
+            await await_for(aborted_and_idle(node, 1), "the node to abort the request")
+            assert client.fleet.status()[0]["health"] == 1.0
+
+    asyncio.run(main())
+    assert endings.seen == ["cancelled"]
+
+
+def test_close_from_another_thread_ends_the_readers_stream_without_blaming_the_node(
+        setup: Any) -> None:
+    import threading
+
+    node = setup.node("gpu")
+    endings = _Endings()
+    with zml.Client(config=setup.path, probe_interval_s=None) as client:
+        client.plugins.register(endings)
+        stream = client.infer_stream(MODEL, MSGS, policy="prod", **LONG)
+        read: list[Any] = []
+        errors: list[BaseException] = []
+
+        def reader() -> None:
+            try:
+                for chunk in stream:
+                    read.append(chunk)
+            except BaseException as exc:  # recorded for the assertion below
+                errors.append(exc)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        wait_for(lambda: len(read) >= 2, "two chunks")
+        stream.close()
+        thread.join(10)
+        assert not thread.is_alive() and errors == []
+        assert client.fleet.in_flight == 0
+        wait_for(aborted_and_idle(node, 1), "the node to abort the request")
+        assert client.fleet.status()[0]["health"] == 1.0
+    assert endings.seen == ["cancelled"]

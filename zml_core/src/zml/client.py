@@ -259,7 +259,9 @@ class Client(BaseClient):
 
     def close(self) -> None:
         """Close the connections this client opened (not those of a passed ``http_client``),
-        stop probing and stop the deadline thread (:mod:`zml.watchdog`)."""
+        stop probing and stop the deadline thread (:mod:`zml.watchdog`). A call made after
+        it raises :class:`~zml.ClientConfigError`."""
+        self._closed = True
         self._release()
         self._dispatcher.close()
 
@@ -408,7 +410,8 @@ class AsyncClient(BaseClient):
 
     async def aclose(self) -> None:
         """Stop probing; close the connections this client opened (not a passed
-        ``http_client``'s)."""
+        ``http_client``'s). A call made after it raises :class:`~zml.ClientConfigError`."""
+        self._closed = True
         if self._prober is not None:
             await self._prober.stop()
         self._deadlines.close()

@@ -19,7 +19,13 @@ from pydantic import ValidationError
 from . import routing
 from .config import EMPTY_REGISTRY, Registry, discover_path, load_registry
 from .dispatch import Call, Dispatcher, ResponseSummary, Step, Timeouts
-from .errors import InvalidRequestError, NodeError, NodeProtocolError, PolicyConfigError
+from .errors import (
+    ClientConfigError,
+    InvalidRequestError,
+    NodeError,
+    NodeProtocolError,
+    PolicyConfigError,
+)
 from .fleet import Fleet
 from .policy import Policy, PolicyRef, resolve_policy
 from .transport import map_transport_error, still_sending
@@ -116,6 +122,8 @@ class BaseClient:
                 file_config = load_registry(path) if path is not None else EMPTY_REGISTRY
             registry = build_registry(self._plugins, file_config)
         policies = SourcePolicies(self._plugins, registry)
+        self._closed = False
+        """Set by close()/aclose(): a new call is refused with a ClientConfigError."""
         self._dispatcher = Dispatcher(
             registry,
             policies,
@@ -244,6 +252,11 @@ class BaseClient:
         metadata: Mapping[str, Any] | None,
         timeout: float | Timeouts | NotGiven | None,
     ) -> Call:
+        if self._closed:
+            raise ClientConfigError(
+                f"this {type(self).__name__} is closed: build a new one (or use it in a "
+                "`with` block and send its requests inside the block)"
+            )
         timeouts = (
             self._dispatcher.timeouts if isinstance(timeout, NotGiven) else Timeouts.of(timeout)
         )

@@ -229,6 +229,10 @@ class Stream(_Base):
                     return chunk
             op.decoder.finish()
         except BaseException as exc:
+            if self._phase == _ENDED and isinstance(exc, Exception):
+                # close() ran in another thread while this one read: not the node's failure
+                self._close()
+                raise StopIteration from None
             err = self._failure(exc)
             self._close()
             if err is exc:
@@ -314,6 +318,10 @@ class AsyncStream(_Base):
         except BaseException:
             self._phase = _ENDED  # the driver ended the call
             raise
+        if self._phase == _ENDED:  # aclose() ran, from another task, while this one opened
+            self._op = opened[0]
+            await self._close()  # the node drops the request; the call ended in aclose()
+            return
         self._adopt(opened)
 
     def __aiter__(self) -> AsyncStream:
@@ -329,6 +337,8 @@ class AsyncStream(_Base):
             await self._open()
             if self._ready:
                 return self._ready.pop()
+            if self._phase == _ENDED:
+                raise StopAsyncIteration
         op = self._op
         assert op is not None
         try:
@@ -343,6 +353,10 @@ class AsyncStream(_Base):
                     return chunk
             op.decoder.finish()
         except BaseException as exc:
+            if self._phase == _ENDED and isinstance(exc, Exception):
+                # aclose() ran in another task while this one read: not the node's failure
+                await self._close()
+                raise StopAsyncIteration from None
             err = self._failure(exc)
             await self._close()
             if err is exc:
