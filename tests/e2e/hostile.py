@@ -23,6 +23,7 @@ Behaviours (``NAME`` or ``NAME=ARG``):
 ``deep``                  200 JSON nested ARG levels deep (default 100000)
 ``status=CODE``           that status with an OpenAI error body
 ``echo-key=CODE``         that status, the error quoting the request's key (as some servers do)
+``echo-key-on=WHERE``     the key quoted without an error status: stream, first-event, body, redirect
 ``retry-after=VALUE``     429 with ``Retry-After: VALUE`` (``http-date``: a date 1 h ahead)
 ``retry-after-ms=VALUE``  429 with ``retry-after-ms: VALUE``
 ``redirect=CODE``         that 3xx status, Location with credentials in it
@@ -230,6 +231,24 @@ async def _echo_key(conn: _Conn, req: Request, arg: str) -> None:
         "param": f"key={key}", "code": "invalid_api_key"}})
 
 
+async def _echo_key_on(conn: _Conn, req: Request, arg: str) -> None:
+    """The request's key quoted where no error status is: ``stream`` (an error event after a
+    token), ``first-event`` (an error event first), ``body`` (a 200 body that is not JSON) or
+    ``redirect`` (a Location holding it)."""
+    key = req.headers.get("authorization", "").partition(" ")[2]
+    if arg in ("stream", "first-event"):
+        await conn.sse_head()
+        if arg == "stream":
+            await conn.event(req, chunk("hel"))
+        await conn.event(req, {"error": {"message": f"key {key} revoked"}})
+    elif arg == "body":
+        data = f"<html>proxy error for key {key}</html>".encode()
+        await conn.head(200, {"content-type": "text/html", "content-length": str(len(data))})
+        await conn.body(req, data)
+    else:
+        await conn.head(302, {"location": f"http://127.0.0.1:9/{key}/v1", "content-length": "0"})
+
+
 def _retry_value(arg: str) -> str:
     return formatdate(time.time() + 3600, usegmt=True) if arg == "http-date" else arg
 
@@ -268,6 +287,7 @@ BEHAVIOURS: dict[str, Handler] = {
     "deep": _deep,
     "status": _status,
     "echo-key": _echo_key,
+    "echo-key-on": _echo_key_on,
     "retry-after": _retry_after,
     "retry-after-ms": _retry_after_ms,
     "redirect": _redirect,

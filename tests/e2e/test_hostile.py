@@ -12,7 +12,9 @@ zml.config); each fails today and must pass (and be unmarked) once wired.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -332,3 +334,25 @@ def test_a_key_the_node_echoes_in_its_error_is_never_shown(
     for text in (shown, str(node_error), repr(node_error.body),
                  repr(getattr(info.value, "routing_context", None))):
         assert KEY not in text
+
+
+@pytest.mark.parametrize("where", ["stream", "first-event", "body", "redirect"])
+def test_a_key_the_node_quotes_anywhere_else_is_never_shown(
+    hostile: HostileNode, tmp_path: Path, where: str
+) -> None:
+    # Not an error status: an error event (mid-stream, or first), a body that is not JSON, a
+    # redirect's Location. Every node error of an attempt is scrubbed of the key it sent.
+    config = write_config(tmp_path / "zml.toml", hostile, {"n-echo": f"echo-key-on={where}"})
+    with zml.Client(api_key=KEY, config=config, max_attempts=1) as client, \
+            pytest.raises(zml.ZMLError) as info:
+        if where in ("stream", "first-event"):
+            for _ in client.infer_stream(MODEL, MSGS, policy="hostile"):
+                pass
+        else:
+            client.infer(MODEL, MSGS, policy="hostile")
+    seen = ["".join(traceback.format_exception(info.value)), repr(info.value)]
+    context = getattr(info.value, "routing_context", None)
+    if context is not None:
+        seen.append(json.dumps(context, default=str))
+    assert "[redacted]" in seen[0]
+    assert not [text for text in seen if KEY in text]

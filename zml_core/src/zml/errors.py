@@ -359,6 +359,25 @@ def status_error(
     return cls(message, status_code=status_code, body=body, node_id=node_id)
 
 
+def scrub(exc: BaseException, secrets: tuple[str, ...]) -> None:
+    """Take ``secrets`` (the credentials an attempt sent) out of ``exc``, in place: its message,
+    its ``body``, and the same in the exceptions chained to it.
+
+    A node may quote the key it was sent anywhere (an error event in a stream, a body that is
+    not JSON, a redirect's Location); dispatch scrubs every node error of an attempt with it,
+    so that no path has to remember to.
+    """
+    secrets = tuple(s for s in secrets if len(s) >= 4)
+    seen: set[int] = set()
+    current: BaseException | None = exc if secrets else None
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.args = tuple(_without(a, secrets) for a in current.args)
+        if isinstance(current, NodeStatusError):
+            current.body = _without(current.body, secrets)
+        current = current.__cause__ or current.__context__
+
+
 def _without(value: object, secrets: tuple[str, ...]) -> object:
     """``value`` (a node's decoded error body) with every occurrence of ``secrets`` replaced."""
     if isinstance(value, str):

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..errors import NodeError, ZMLTimeoutError
+from ..errors import NodeError, ZMLTimeoutError, scrub
 from . import flow as flows
 from .ops import Lease, Now, Operation, Send, Wait
 from .record import Record, ResponseSummary, Step
@@ -156,8 +156,16 @@ class Call:
         ending = flows.success_flow(self.request, self.record, step, usage, response, inputs)
         return self.d.effects.run(ending, self.view)
 
+    def credentials(self, step: Step) -> tuple[str, ...]:
+        """The credential sent on ``step`` (its node's key or the client's): never shown."""
+        base = self.d.node_headers.get(step.node.id, self.d.headers)
+        value = next((v for k, v in base.items() if k.lower() == "authorization"), "")
+        scheme, _, credential = value.partition(" ")
+        return (credential.strip() or scheme,) if value else ()
+
     def broke(self, step: Step, exc: NodeError) -> NodeError:
         """``step`` failed after tokens reached the caller: no retry; the error to raise."""
+        scrub(exc, self.credentials(step))
         return self.d.effects.run(flows.broke_flow(self.request, self.record, step, exc),
                                   self.view)
 
@@ -212,7 +220,7 @@ def drive(call: Call, wait: Callable[[Wait], None], send: Callable[[Step], _T]) 
                 lid = call.lease_id()
                 value = _granted(op, lid, _ledger(call).acquire(op.step.node, lid))
             else:
-                value = _outcome(send, op.step)
+                value = _outcome(call, send, op.step)
             op, value = call.advance(flow, value)
         return cast("tuple[Step, _T]", value)
 
@@ -226,7 +234,7 @@ async def adrive(
         op, value = call.advance(flow, None)
         while op is not None:
             if isinstance(op, Send):
-                value = await _aoutcome(send, op.step)
+                value = await _aoutcome(call, send, op.step)
             elif isinstance(op, Lease):
                 lid = call.lease_id()
                 value = _granted(op, lid, await _ledger(call).aacquire(op.step.node, lid))
@@ -248,17 +256,20 @@ def _ending(call: Call) -> Iterator[None]:
         raise
 
 
-def _outcome(send: Callable[[Step], _T], step: Step) -> _T | NodeError:
+def _outcome(call: Call, send: Callable[[Step], _T], step: Step) -> _T | NodeError:
     try:
         return send(step)
     except NodeError as exc:
+        scrub(exc, call.credentials(step))  # a node may quote the key it was sent
         return exc
 
 
-async def _aoutcome(send: Callable[[Step], Awaitable[_T]], step: Step) -> _T | NodeError:
+async def _aoutcome(call: Call, send: Callable[[Step], Awaitable[_T]], step: Step
+                    ) -> _T | NodeError:
     try:
         return await send(step)
     except NodeError as exc:
+        scrub(exc, call.credentials(step))  # a node may quote the key it was sent
         return exc
 
 
