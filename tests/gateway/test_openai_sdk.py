@@ -144,3 +144,21 @@ def test_the_sdk_does_not_retry_a_503_that_waiting_cannot_mend(
     assert info.value.response.headers["x-should-retry"] == "false"
     served = sum(s.value for s in metric_samples(gw)["zml_gateway_requests_total"])
     assert served == 1
+
+
+def test_the_sdk_stream_helper_assembles_a_streamed_tool_call(gw: GatewayServer) -> None:
+    # openai-python's stream helper copies every field a delta carries: an explicit
+    # "type": null in a later fragment of a tool call broke it (AssertionError).
+    import pydantic
+
+    class Joke(pydantic.BaseModel):
+        setup: str
+
+    tools = [openai.pydantic_function_tool(Joke, name="make_joke")]
+    with client(gw) as oa, oa.chat.completions.stream(
+            model=MODEL, messages=[{"role": "user", "content": "call make_joke"}],
+            tools=tools) as stream:
+        final = stream.get_final_completion()
+    calls = final.choices[0].message.tool_calls
+    assert calls and calls[0].type == "function" and calls[0].function.name == "make_joke"
+    assert isinstance(calls[0].function.parsed_arguments, Joke)

@@ -67,6 +67,28 @@ _EXTRA = "extra_body."
 _NO_ROUTING = {"routing"}
 _COMPLETION = ChatCompletion.__pydantic_serializer__
 _CHUNK = ChatCompletionChunk.__pydantic_serializer__
+
+
+def _chunk_json(chunk: ChatCompletionChunk) -> bytes:
+    """A chunk as a stream event's JSON, without zml's ``routing``.
+
+    A tool call's delta leaves out what the node left out (its ``id``, ``type`` and
+    ``function.name`` come only in the first delta of a call), as OpenAI's stream does:
+    openai-python's stream helper copies an explicit ``"type": null`` over the call's type,
+    then fails.
+    """
+    if not any(c.delta.tool_calls for c in chunk.choices):
+        return _CHUNK.to_json(chunk, exclude=_NO_ROUTING)  # the common chunk
+    data = _CHUNK.to_python(chunk, mode="json", exclude=_NO_ROUTING)
+    for choice in data["choices"]:
+        for call in choice["delta"].get("tool_calls") or ():
+            for key in ("id", "type"):
+                if call.get(key) is None:
+                    call.pop(key, None)
+            function = call.get("function")
+            if isinstance(function, dict) and function.get("name") is None:
+                function.pop("name", None)
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -336,7 +358,7 @@ class ChatCompletions:
                 async for chunk in stream:
                     if chunk.usage is not None and not chunk.choices and not want_usage:
                         continue
-                    data = _CHUNK.to_json(chunk, exclude=_NO_ROUTING)
+                    data = _chunk_json(chunk)
                     last = chunk
                     if held is not None:
                         await send({"type": "http.response.body",
