@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -357,6 +358,16 @@ def status_error(
     else:
         cls = BadRequestError
     return cls(message, status_code=status_code, body=body, node_id=node_id)
+
+
+def credentials(headers: Mapping[str, str] | None) -> tuple[str, ...]:
+    """The credential in ``headers``' ``Authorization`` (``Bearer <key>``: the key), or ()."""
+    value = next((v for k, v in headers.items() if k.lower() == "authorization"), "") \
+        if headers is not None else ""
+    if not value:
+        return ()
+    scheme, _, credential = value.partition(" ")
+    return (credential.strip() or scheme,)
 
 
 def scrub(exc: BaseException, secrets: tuple[str, ...]) -> None:

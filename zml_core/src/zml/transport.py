@@ -28,6 +28,7 @@ from .errors import (
     NodeError,
     NodeProtocolError,
     NodeTimeoutError,
+    credentials,
     safe_detail,
     status_error,
 )
@@ -156,16 +157,7 @@ def check_status(status: int, headers: httpx2.Headers, content: bytes, node_id: 
     except (ValueError, RecursionError):
         body = kept.decode(errors="replace")
     raise status_error(status, body, retry_after=_retry_after(headers), node_id=node_id,
-                       secrets=_credentials(sent))
-
-
-def _credentials(sent: httpx2.Headers | None) -> tuple[str, ...]:
-    """The credential of a request's ``Authorization`` header (``Bearer <key>``: the key)."""
-    value = None if sent is None else sent.get("authorization")
-    if not value:
-        return ()
-    scheme, _, credential = value.partition(" ")
-    return (credential.strip() or scheme,)
+                       secrets=credentials(sent))
 
 
 def retry_after_seconds(headers: httpx2.Headers, *, now: float | None = None) -> float | None:

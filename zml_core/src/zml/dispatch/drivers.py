@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..errors import NodeError, ZMLTimeoutError, scrub
+from ..errors import NodeError, ZMLTimeoutError, credentials, scrub
 from . import flow as flows
 from .ops import Lease, Now, Operation, Send, Wait
 from .record import Record, ResponseSummary, Step
@@ -158,10 +158,7 @@ class Call:
 
     def credentials(self, step: Step) -> tuple[str, ...]:
         """The credential sent on ``step`` (its node's key or the client's): never shown."""
-        base = self.d.node_headers.get(step.node.id, self.d.headers)
-        value = next((v for k, v in base.items() if k.lower() == "authorization"), "")
-        scheme, _, credential = value.partition(" ")
-        return (credential.strip() or scheme,) if value else ()
+        return credentials(self.d.node_headers.get(step.node.id, self.d.headers))
 
     def broke(self, step: Step, exc: NodeError) -> NodeError:
         """``step`` failed after tokens reached the caller: no retry; the error to raise."""
