@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import threading
-import time
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -48,6 +47,7 @@ from .types import ChatCompletion
 from .watchdog import LoopWatchdog, Watch, Watchdog
 
 if TYPE_CHECKING:
+    import asyncio
     from types import TracebackType
 
     from .streaming import AsyncStream, Stream
@@ -110,6 +110,8 @@ class Client(BaseClient):
         self._probe_stop = threading.Event()
         self._probe_interval_s = probe_interval_s
         self._watchdog = Watchdog(self._dispatcher.clock)
+        self._closing = threading.Event()
+        """Set by close(): ends the Retry-After waits of calls in flight."""
         # A client dropped without close() must leave neither its threads nor its open
         # connections behind (these would otherwise be freed, unclosed, whenever the prober
         # thread lets go of them).
@@ -219,8 +221,9 @@ class Client(BaseClient):
             url, headers = self._target(call, step)
             request = self._http.build_request("POST", url, content=call.body, headers=headers,
                                                extensions={"timeout": step.timeout})
-            if deadline is not None:  # neither the headers nor a dripped body outlast it
-                watch = self._watchdog.watch(deadline, request)
+            # Neither the headers nor a dripped body outlast the deadline, and close() can
+            # cut the call short (an endless watch when there is no deadline).
+            watch = self._watchdog.watch(math.inf if deadline is None else deadline, request)
             r = self._http.send(request, stream=True)
             if watch is not None and not watch.follow(r):
                 raise still_sending(node_id)
@@ -246,9 +249,9 @@ class Client(BaseClient):
         delay = max(0.0, wait.until - self._dispatcher.clock())
         timeout = None if math.isinf(delay) else delay
         ticket = wait.ticket
-        if ticket is None:
+        if ticket is None:  # a Retry-After wait: close() ends it
             if timeout is not None:
-                time.sleep(timeout)
+                self._closing.wait(timeout)
             return
         event = threading.Event()
         ticket.arm(event.set)
@@ -259,11 +262,13 @@ class Client(BaseClient):
 
     def close(self) -> None:
         """Close the connections this client opened (not those of a passed ``http_client``),
-        stop probing and stop the deadline thread (:mod:`zml.watchdog`). A call made after
-        it raises :class:`~zml.ClientConfigError`."""
+        stop probing and stop the deadline thread (:mod:`zml.watchdog`). Calls still in
+        flight, in other threads, end at once with a :class:`~zml.ClientConfigError` (no
+        failover, no node blamed); a call made after it raises one too."""
         self._closed = True
+        self._dispatcher.close(type(self).__name__)  # first: calls it cuts short say why
+        self._closing.set()
         self._release()
-        self._dispatcher.close()
 
     def __enter__(self) -> Client:
         return self
@@ -307,6 +312,8 @@ class AsyncClient(BaseClient):
 
         self._stream_type = AsyncStream
         self._deadlines = LoopWatchdog(self._dispatcher.clock)
+        self._waits: set[asyncio.Event] = set()
+        """The events of the waits in progress (queue places, Retry-After): aclose() sets them."""
         self._prober = None if probe_interval_s is None else Prober(self.fleet, probe_interval_s)
 
     def _start_probing(self) -> None:
@@ -359,8 +366,9 @@ class AsyncClient(BaseClient):
             url, headers = self._target(call, step)
             request = self._http.build_request("POST", url, content=call.body, headers=headers,
                                                extensions={"timeout": step.timeout})
-            if deadline is not None:  # neither the headers nor a dripped body outlast it
-                watch = self._deadlines.watch(deadline, request)
+            # Neither the headers nor a dripped body outlast the deadline, and close() can
+            # cut the call short (an endless watch when there is no deadline).
+            watch = self._deadlines.watch(math.inf if deadline is None else deadline, request)
             r = await self._http.send(request, stream=True)
             if watch is not None and not watch.follow(r):
                 raise still_sending(node_id)
@@ -387,9 +395,6 @@ class AsyncClient(BaseClient):
 
         delay = max(0.0, wait.until - self._dispatcher.clock())
         ticket = wait.ticket
-        if ticket is None:
-            await asyncio.sleep(delay)
-            return
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
 
@@ -400,22 +405,30 @@ class AsyncClient(BaseClient):
         # A timer rather than asyncio.wait_for: before Python 3.12, wait_for swallows a
         # cancellation that arrives just as the event is set, and the request would stay queued.
         timer = None if math.isinf(delay) else loop.call_later(delay, event.set)
-        ticket.arm(wake)
+        if ticket is not None:  # a place in a saturation queue: freed capacity ends the wait
+            ticket.arm(wake)
+        self._waits.add(event)  # aclose() ends it
         try:
             await event.wait()
         finally:
+            self._waits.discard(event)
             if timer is not None:
                 timer.cancel()
-            ticket.disarm()
+            if ticket is not None:
+                ticket.disarm()
 
     async def aclose(self) -> None:
         """Stop probing; close the connections this client opened (not a passed
-        ``http_client``'s). A call made after it raises :class:`~zml.ClientConfigError`."""
+        ``http_client``'s). Calls still in flight end at once with a
+        :class:`~zml.ClientConfigError` (no failover, no node blamed); a call made after it
+        raises one too."""
         self._closed = True
+        self._dispatcher.close(type(self).__name__)  # first: calls it cuts short say why
+        for event in list(self._waits):
+            event.set()
+        self._deadlines.close()
         if self._prober is not None:
             await self._prober.stop()
-        self._deadlines.close()
-        self._dispatcher.close()
         if self._own_http:
             await self._http.aclose()
 

@@ -20,11 +20,11 @@ from . import routing
 from .config import EMPTY_REGISTRY, Registry, discover_path, load_registry
 from .dispatch import Call, Dispatcher, ResponseSummary, Step, Timeouts
 from .errors import (
-    ClientConfigError,
     InvalidRequestError,
     NodeError,
     NodeProtocolError,
     PolicyConfigError,
+    closed_client,
 )
 from .fleet import Fleet
 from .policy import Policy, PolicyRef, resolve_policy
@@ -253,10 +253,7 @@ class BaseClient:
         timeout: float | Timeouts | NotGiven | None,
     ) -> Call:
         if self._closed:
-            raise ClientConfigError(
-                f"this {type(self).__name__} is closed: build a new one (or use it in a "
-                "`with` block and send its requests inside the block)"
-            )
+            raise closed_client(type(self).__name__)
         timeouts = (
             self._dispatcher.timeouts if isinstance(timeout, NotGiven) else Timeouts.of(timeout)
         )

@@ -360,6 +360,22 @@ def status_error(
     return cls(message, status_code=status_code, body=body, node_id=node_id)
 
 
+def closed_client(kind: str, *, in_flight: bool = False) -> ClientConfigError:
+    """The error of a call on a closed client (``kind``: "Client", "AsyncClient"), or of one
+    still in flight when its client was closed: never a node's fault, never failed over."""
+    if in_flight:
+        closing = "aclose()" if kind.startswith("Async") else "close()"
+        return ClientConfigError(
+            f"this {kind} was closed ({closing} or the end of its `with` block) while the call "
+            "was in flight: the call was stopped, no other node was tried and no node is "
+            "blamed; close the client only after its calls have ended"
+        )
+    return ClientConfigError(
+        f"this {kind} is closed: build a new one (or use it in a `with` block and send its "
+        "requests inside the block)"
+    )
+
+
 def credentials(headers: Mapping[str, str] | None) -> tuple[str, ...]:
     """The credential in ``headers``' ``Authorization`` (``Bearer <key>``: the key), or ()."""
     value = next((v for k, v in headers.items() if k.lower() == "authorization"), "") \

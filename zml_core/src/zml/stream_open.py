@@ -13,6 +13,7 @@ An error status's body is read up to :data:`~zml.transport.MAX_ERROR_BODY_BYTES`
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -75,9 +76,8 @@ class StreamAttempt:
         url, headers = target(self.call, self.step)
         request = http.build_request("POST", url, content=self.call.body, headers=headers,
                                      extensions={"timeout": self.step.timeout})
-        until = self.opening_until()
-        if until is not None:
-            self.watch = dog.watch(until, request)
+        until = self.opening_until()  # none: an endless watch, which the client's close ends
+        self.watch = dog.watch(math.inf if until is None else until, request)
         return request
 
     def arrived(self, response: httpx2.Response) -> None:
@@ -111,7 +111,7 @@ class StreamAttempt:
         first, deadline = self.first_by, self.deadline
         if first is not None and (deadline is None or first < deadline):
             self.unwatch()
-            self.watch = None if deadline is None else dog.watch(deadline, self.response)
+            self.watch = dog.watch(math.inf if deadline is None else deadline, self.response)
 
     def opening_until(self) -> float | None:
         """When the wait for the first token ends (first_token or the deadline, the earlier)."""

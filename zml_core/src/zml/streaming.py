@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import httpx2
 
 from .dispatch import Call, ResponseSummary, Wait
-from .errors import NodeError
+from .errors import ClientConfigError, NodeError
 from .stream_open import StreamAttempt, StreamExpired, Target, open_async, open_sync, read_next
 from .types import ChatCompletionChunk, RoutingInfo, Usage
 from .watchdog import LoopWatchdog, Watchdog, shutdown_socket
@@ -160,7 +160,10 @@ class _Base:
         assert op is not None
         call = self._call
         err: BaseException = exc
-        if isinstance(exc, StreamExpired) or op.expired():
+        closed = call.closed() if isinstance(exc, Exception) else None
+        if closed is not None:  # the client was closed under the stream: not the node's doing
+            err = closed
+        elif isinstance(exc, StreamExpired) or op.expired():
             err = call.deadline_error(op.decoder)
         elif isinstance(exc, httpx2.HTTPError):
             deadline = op.deadline
@@ -176,6 +179,13 @@ class _Base:
             err = call.broke(op.step, err)
         self._end(err)
         return err
+
+
+def _cause(exc: BaseException, err: BaseException) -> BaseException | None:
+    """What ``err``, raised for a read that failed with ``exc``, chains to: the transport's
+    error, not zml's own (nor anything once the client was closed)."""
+    return exc if isinstance(exc, httpx2.HTTPError) and not isinstance(err, ClientConfigError) \
+        else None
 
 
 class Stream(_Base):
@@ -237,7 +247,7 @@ class Stream(_Base):
             self._close()
             if err is exc:
                 raise
-            raise err from exc if isinstance(exc, httpx2.HTTPError) else None
+            raise err from _cause(exc, err)
         self._end(complete=True)  # the slot is free from here, whatever the drain takes
         try:
             if op.decoder.done:
@@ -361,7 +371,7 @@ class AsyncStream(_Base):
             await self._close()
             if err is exc:
                 raise
-            raise err from exc if isinstance(exc, httpx2.HTTPError) else None
+            raise err from _cause(exc, err)
         self._end(complete=True)  # the slot is free from here, whatever the drain takes
         try:
             if op.decoder.done:

@@ -14,6 +14,10 @@ extension zml's own transports fill in as soon as it goes out on a connection
 in (with an ``http_client`` of your own, the wait for the headers is then bounded only by the
 socket timeouts).
 
+A call with no deadline is watched too, endlessly: closing the client shuts down every response
+still watched, so a call in flight ends at once (with the closed-client error its driver raises,
+see :mod:`zml.dispatch.drivers`) instead of waiting for the node.
+
 * :class:`Watchdog` (one per :class:`zml.Client`): a daemon thread, started on the first call
   that needs it, that wakes at the earliest deadline it holds. A sync call ends within a few
   milliseconds of its deadline (thread wake-up latency).
@@ -109,6 +113,16 @@ class _Heap:
             entry.response = None
             self.live -= 1
 
+    def shut_all(self) -> None:
+        """Shut down every live entry (the client is closing): not a deadline, so none of them
+        is marked ``fired``."""
+        entries, self.entries = self.entries, []
+        self.live = 0
+        for _, _, entry in entries:
+            response, entry.response = entry.response, None
+            if response is not None:
+                shutdown_socket(response)
+
     def due(self, now: float) -> float | None:
         """Shut down every live entry due at ``now``; the next live deadline (None: none)."""
         entries = self.entries
@@ -144,6 +158,9 @@ class Watchdog:
         """Shut ``response``'s socket down at ``deadline`` unless the watch ended before."""
         entry = Watch(self, deadline, response)
         with self._cond:
+            if self._closed:  # a call that slipped past its client's close: already over
+                entry.response = None
+                return entry
             earliest = self._heap.push(entry)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="zml-deadlines",
@@ -169,9 +186,11 @@ class Watchdog:
             return True
 
     def close(self) -> None:
-        """Stop the thread; responses still watched are left to their own timeouts."""
+        """Stop the thread and shut down every response still watched: the reads blocked on
+        them return at once (the client is closing; its dispatcher says so to the readers)."""
         with self._cond:
             self._closed = True
+            self._heap.shut_all()
             self._cond.notify()
 
     def _run(self) -> None:
@@ -180,7 +199,7 @@ class Watchdog:
         with cond:
             while not self._closed:
                 following = self._heap.due(clock())
-                if following is None:
+                if following is None or following == math.inf:  # none, or endless ones
                     cond.wait()
                 else:
                     cond.wait(max(0.0, following - clock()))
@@ -204,12 +223,16 @@ class LoopWatchdog:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
 
     def watch(self, deadline: float, response: Any) -> Watch:
         """Shut ``response``'s socket down at ``deadline`` unless the watch ended before."""
         from asyncio import get_running_loop
 
         entry = Watch(self, deadline, response)
+        if self._closed:  # a call that slipped past its client's aclose: already over
+            entry.response = None
+            return entry
         self._heap.push(entry)
         loop = get_running_loop()
         if deadline < self._timer_at or loop is not self._loop:
@@ -228,18 +251,23 @@ class LoopWatchdog:
         return True
 
     def close(self) -> None:
-        """Stop the timer; responses still watched are left to their own timeouts."""
+        """Stop the timer and shut down every response still watched (as
+        :meth:`Watchdog.close`)."""
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._timer_at = math.inf
+        self._heap.shut_all()
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
         self._loop = loop
         self._timer_at = when
-        self._timer = loop.call_later(max(0.0, when - self._clock()), self._fire)
+        if when != math.inf:  # an endless watch needs no timer
+            self._timer = loop.call_later(max(0.0, when - self._clock()), self._fire)
 
     def _fire(self) -> None:
         self._timer = None

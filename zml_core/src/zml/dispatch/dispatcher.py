@@ -63,6 +63,9 @@ class Dispatcher:
                 key = node_api_key(node)
                 self.node_headers[node.id] = auth_headers(key, param=f"${node.api_key_env}")
         self.fleet.add_capacity_listener(self.effects.queues.wake_heads)
+        self.closed_by: str | None = None
+        """Set by :meth:`close` to the closing client's kind ("Client", "AsyncClient"): calls
+        still in flight then end with :func:`zml.errors.closed_client`."""
 
     @property
     def rng(self) -> random.Random:
@@ -133,6 +136,10 @@ class Dispatcher:
                 health_threshold=policy.health_threshold if policy is not None else 0.5,
             )
 
-    def close(self) -> None:
-        """Stop listening to the fleet (a shared fleet outlives this dispatcher)."""
+    def close(self, kind: str = "client") -> None:
+        """Stop listening to the fleet (a shared fleet outlives this dispatcher); calls in
+        flight see :attr:`closed_by`, and those waiting in a saturation queue are woken to see
+        it."""
+        self.closed_by = kind
         self.fleet.remove_capacity_listener(self.effects.queues.wake_heads)
+        self.effects.queues.wake_all()

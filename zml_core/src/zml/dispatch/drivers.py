@@ -18,7 +18,14 @@ import uuid
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..errors import NodeError, ZMLTimeoutError, credentials, scrub
+from ..errors import (
+    ClientConfigError,
+    NodeError,
+    ZMLTimeoutError,
+    closed_client,
+    credentials,
+    scrub,
+)
 from . import flow as flows
 from .ops import Lease, Now, Operation, Send, Wait
 from .record import Record, ResponseSummary, Step
@@ -160,6 +167,12 @@ class Call:
         """The credential sent on ``step`` (its node's key or the client's): never shown."""
         return credentials(self.d.node_headers.get(step.node.id, self.d.headers))
 
+    def closed(self) -> ClientConfigError | None:
+        """The error of this call if its client was closed while it was in flight, else None:
+        a failure from then on is the closing's doing, not the node's."""
+        kind = self.d.closed_by
+        return None if kind is None else closed_client(kind, in_flight=True)
+
     def broke(self, step: Step, exc: NodeError) -> NodeError:
         """``step`` failed after tokens reached the caller: no retry; the error to raise."""
         scrub(exc, self.credentials(step))
@@ -210,6 +223,7 @@ def drive(call: Call, wait: Callable[[Wait], None], send: Callable[[Step], _T]) 
     with _ending(call):
         op, value = call.advance(flow, None)
         while op is not None:
+            _check_open(call)  # a cheap attribute read while the client is open
             if isinstance(op, Wait):
                 wait(op)
                 value = None
@@ -230,6 +244,7 @@ async def adrive(
     with _ending(call):
         op, value = call.advance(flow, None)
         while op is not None:
+            _check_open(call)
             if isinstance(op, Send):
                 value = await _aoutcome(call, send, op.step)
             elif isinstance(op, Lease):
@@ -253,12 +268,25 @@ def _ending(call: Call) -> Iterator[None]:
         raise
 
 
+def _check_open(call: Call) -> None:
+    """Raise the closed-client error if the call's client was closed (before a wait, a lease,
+    a send, and after a failed send): from then on nothing more is tried, and a failure is
+    the closing's doing, so it neither fails over nor marks the node."""
+    kind = call.d.closed_by
+    if kind is not None:
+        raise closed_client(kind, in_flight=True) from None
+
+
 def _outcome(call: Call, send: Callable[[Step], _T], step: Step) -> _T | NodeError:
     try:
         return send(step)
     except NodeError as exc:
+        _check_open(call)
         scrub(exc, call.credentials(step))  # a node may quote the key it was sent
         return exc
+    except Exception:
+        _check_open(call)  # e.g. httpx2's RuntimeError for a send on a closed client
+        raise
 
 
 async def _aoutcome(call: Call, send: Callable[[Step], Awaitable[_T]], step: Step
@@ -266,8 +294,12 @@ async def _aoutcome(call: Call, send: Callable[[Step], Awaitable[_T]], step: Ste
     try:
         return await send(step)
     except NodeError as exc:
+        _check_open(call)
         scrub(exc, call.credentials(step))  # a node may quote the key it was sent
         return exc
+    except Exception:
+        _check_open(call)
+        raise
 
 
 def _ledger(call: Call) -> Any:

@@ -120,6 +120,13 @@ class SaturationQueues:
         if head is not None:
             head.wake()
 
+    def wake_all(self) -> None:
+        """Wake every queued request (its client is closing)."""
+        with self._lock:
+            tickets = [t for q in self._queues.values() for t in q]
+        for ticket in tickets:
+            ticket.wake()
+
     def wake_heads(self) -> None:
         """Capacity may have freed: wake the first request of each queue."""
         with self._lock:
