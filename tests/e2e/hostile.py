@@ -22,7 +22,8 @@ Behaviours (``NAME`` or ``NAME=ARG``):
 ``huge``                  200 JSON of ARG MiB (default 20), written as fast as it is read
 ``deep``                  200 JSON nested ARG levels deep (default 100000)
 ``status=CODE``           that status with an OpenAI error body
-``echo-key=CODE``         that status, the error quoting the request's key (as some servers do)
+``echo-key=CODE``         that status, the error quoting the request's key (``api-key`` header, else
+                          the Bearer one), as some servers do
 ``echo-key-on=WHERE``     the key quoted without an error status: stream, first-event, body, redirect
 ``retry-after=VALUE``     429 with ``Retry-After: VALUE`` (``http-date``: a date 1 h ahead)
 ``retry-after-ms=VALUE``  429 with ``retry-after-ms: VALUE``
@@ -224,8 +225,13 @@ async def _status(conn: _Conn, req: Request, arg: str) -> None:
     await conn.json(req, int(arg), {"error": {"message": f"hostile status {arg}"}})
 
 
+def _sent_key(req: Request) -> str:
+    """The key the request carries: an ``api-key`` header (Azure's style) or the Bearer one."""
+    return req.headers.get("api-key") or req.headers.get("authorization", "").partition(" ")[2]
+
+
 async def _echo_key(conn: _Conn, req: Request, arg: str) -> None:
-    key = req.headers.get("authorization", "").partition(" ")[2]
+    key = _sent_key(req)
     await conn.json(req, int(arg), {"error": {
         "message": f"Incorrect API key provided: {key}. Received API Key = {key}",
         "param": f"key={key}", "code": "invalid_api_key"}})
@@ -235,7 +241,7 @@ async def _echo_key_on(conn: _Conn, req: Request, arg: str) -> None:
     """The request's key quoted where no error status is: ``stream`` (an error event after a
     token), ``first-event`` (an error event first), ``body`` (a 200 body that is not JSON) or
     ``redirect`` (a Location holding it)."""
-    key = req.headers.get("authorization", "").partition(" ")[2]
+    key = _sent_key(req)
     if arg in ("stream", "first-event"):
         await conn.sse_head()
         if arg == "stream":

@@ -356,3 +356,36 @@ def test_a_key_the_node_quotes_anywhere_else_is_never_shown(
         seen.append(json.dumps(context, default=str))
     assert "[redacted]" in seen[0]
     assert not [text for text in seen if KEY in text]
+
+
+class AzureKey:
+    """A plugin sending the key in Azure's ``api-key`` header (its own credential header)."""
+
+    @zml.hookimpl
+    def zml_request_headers(self, headers: dict[str, str]) -> None:
+        headers["api-key"] = PLUGIN_KEY
+
+
+PLUGIN_KEY = "azure-plugin-key-0123456789"
+
+
+@pytest.mark.parametrize("behaviour", ["echo-key=401", "echo-key-on=stream", "echo-key-on=body",
+                                       "echo-key-on=redirect"])
+def test_a_key_a_plugin_sends_in_its_own_header_is_never_shown(
+    hostile: HostileNode, tmp_path: Path, behaviour: str
+) -> None:
+    config = write_config(tmp_path / "zml.toml", hostile, {"n-echo": behaviour})
+    with zml.Client(api_key=KEY, config=config, max_attempts=1) as client, \
+            pytest.raises(zml.ZMLError) as info:
+        client.plugins.register(AzureKey(), name="azure-key")
+        if behaviour == "echo-key-on=stream":
+            for _ in client.infer_stream(MODEL, MSGS, policy="hostile"):
+                pass
+        else:
+            client.infer(MODEL, MSGS, policy="hostile")
+    (sent,) = [r for r in hostile.requests if r.headers.get("api-key") == PLUGIN_KEY]
+    assert sent.headers["authorization"] == f"Bearer {KEY}"
+    seen = ["".join(traceback.format_exception(info.value)), repr(info.value),
+            json.dumps(getattr(info.value, "routing_context", None), default=str)]
+    assert "[redacted]" in seen[0]
+    assert not [text for text in seen if PLUGIN_KEY in text]

@@ -70,6 +70,14 @@ def test_a_bad_gateway_key_names_the_key_and_the_value(tmp_path: Path, gateway: 
         assert text in str(info.value)
 
 
+def test_a_key_pasted_into_api_keys_env_is_never_shown(tmp_path: Path) -> None:
+    key = "sk-gw-PASTED-0123456789"
+    with pytest.raises(zml.PolicyConfigError) as info:
+        gateway_settings(load_registry(write(tmp_path, f'[gateway]\napi_keys_env = "{key}"\n')))
+    assert "gateway.api_keys_env = <not shown>" in str(info.value)
+    assert key not in str(info.value) and info.value.value is None
+
+
 @pytest.mark.parametrize(("gateway", "expected"), [
     ('[gateway]\ndefault_policy = "prd"\n', ["default_policy = 'prd'", "known: prod"]),
     ('[gateway.aliases]\n"chat" = { model = "other-model" }\n', ["no node serves model "

@@ -105,6 +105,19 @@ def test_api_key_env_names_an_environment_variable() -> None:
             _node(api_key_env=bad)
 
 
+def test_a_key_pasted_into_api_key_env_is_never_shown(tmp_path: Path) -> None:
+    key = "sk-live-PASTED-0123456789"
+    path = tmp_path / "zml.toml"
+    path.write_text(f'[accelerators.H100]\n[[nodes]]\nid = "n1"\nfamily = "H100"\n'
+                    f'url = "http://127.0.0.1:9"\nmodels = ["m"]\nmax_concurrency = 1\n'
+                    f'api_key_env = "{key}"\n')
+    with pytest.raises(zml.PolicyConfigError) as info:
+        load_registry(path)
+    assert "nodes[0].api_key_env = <not shown>" in str(info.value)
+    assert "not the key itself" in str(info.value)
+    assert key not in str(info.value) and key not in repr(info.value.value)
+
+
 def test_node_api_key_reads_and_checks_the_variable() -> None:
     node = _node(api_key_env="NODE_KEY")
     assert node_api_key(node, {"NODE_KEY": "sk-1"}) == "sk-1"

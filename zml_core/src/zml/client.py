@@ -221,6 +221,7 @@ class Client(BaseClient):
             url, headers = self._target(call, step)
             request = self._http.build_request("POST", url, content=call.body, headers=headers,
                                                extensions={"timeout": step.timeout})
+            step.sent_headers = request.headers
             # Neither the headers nor a dripped body outlast the deadline, and close() can
             # cut the call short (an endless watch when there is no deadline).
             watch = self._watchdog.watch(math.inf if deadline is None else deadline, request)
@@ -366,6 +367,7 @@ class AsyncClient(BaseClient):
             url, headers = self._target(call, step)
             request = self._http.build_request("POST", url, content=call.body, headers=headers,
                                                extensions={"timeout": step.timeout})
+            step.sent_headers = request.headers
             # Neither the headers nor a dripped body outlast the deadline, and close() can
             # cut the call short (an endless watch when there is no deadline).
             watch = self._deadlines.watch(math.inf if deadline is None else deadline, request)

@@ -72,6 +72,11 @@ __all__ = [
 ]
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_NAME_KEYS = frozenset({"api_key_env", "api_keys_env"})
+"""Keys that name an environment variable holding a key: a value that is no variable's name
+may be the key itself, pasted in, and is never shown."""
+NOT_SHOWN = "<not shown>"
+"""What :func:`without_secrets` puts in place of a value that may be a key."""
 NodeKind = Literal["vllm", "sglang", "tgi", "llamacpp", "openai"]
 ENV_CONFIG = "ZML_CONFIG"
 TABLES = ("accelerators", "nodes", "policies", "gateway")
@@ -183,12 +188,9 @@ class NodeConfig(_Strict):
     @field_validator("api_key_env")
     @classmethod
     def _check_api_key_env(cls, value: str | None) -> str | None:
-        if value is not None and not _ENV_NAME.fullmatch(value):
-            raise ValueError(
-                "must be the name of an environment variable (letters, digits and _, not "
-                "starting with a digit), e.g. \"H100_API_KEY\"; the key itself stays out of "
-                "the file"
-            )
+        problem = None if value is None else env_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
     @field_validator("models")
@@ -517,14 +519,35 @@ def config_error_from_validation(
         msg = f"{where}: {loc} is required"
         value = None
     else:
-        msg = f"{where}: {loc} = {value!r}: {err['msg']}"
+        msg = f"{where}: {loc} = {shown_value(value)}: {err['msg']}"
+    if value is NOT_SHOWN:
+        value = None
     return PolicyConfigError(msg, field=loc, value=value, suggestion=hint, source=source)
+
+
+def env_name_problem(value: str) -> str | None:
+    """What is wrong with ``value`` as the name of the environment variable holding a key
+    (None: nothing). The message never quotes it: it may be the key itself."""
+    if _ENV_NAME.fullmatch(value):
+        return None
+    return ("must be the name of an environment variable (letters, digits and _, not starting "
+            "with a digit), e.g. \"H100_API_KEY\", not the key itself (which stays out of the "
+            "file; the value is not shown)")
+
+
+def shown_value(value: Any) -> str:
+    """How a bad value (already through :func:`without_secrets`) appears in a message."""
+    return NOT_SHOWN if value is NOT_SHOWN else repr(value)
 
 
 def without_secrets(value: Any, key: object = None) -> Any:
     """``value`` (a bad input, to be shown) with every URL in it through :func:`display_url`:
-    the strings under a ``url`` key, and any string that looks like a URL with an ``@``."""
+    the strings under a ``url`` key, and any string that looks like a URL with an ``@``; and
+    :data:`NOT_SHOWN` for an ``api_key_env``/``api_keys_env`` that names no variable (it may
+    be the key itself)."""
     if isinstance(value, str):
+        if key in _ENV_NAME_KEYS and not _ENV_NAME.fullmatch(value):
+            return NOT_SHOWN
         return display_url(value) if key == "url" or ("@" in value and ":" in value) else value
     if isinstance(value, Mapping):
         return {k: without_secrets(v, k) for k, v in value.items()}

@@ -376,14 +376,31 @@ def closed_client(kind: str, *, in_flight: bool = False) -> ClientConfigError:
     )
 
 
+CREDENTIAL_HEADERS = frozenset({
+    "authorization", "proxy-authorization", "api-key", "x-api-key", "x-goog-api-key",
+    "ocp-apim-subscription-key", "cookie",
+})
+"""Request headers whose values are credentials (lower case): ``Authorization`` (the client's
+or a node's key), and those a plugin (``zml_request_headers``) or an ``http_client``'s default
+headers may add, as Azure's ``api-key``."""
+
+
 def credentials(headers: Mapping[str, str] | None) -> tuple[str, ...]:
-    """The credential in ``headers``' ``Authorization`` (``Bearer <key>``: the key), or ()."""
-    value = next((v for k, v in headers.items() if k.lower() == "authorization"), "") \
-        if headers is not None else ""
-    if not value:
+    """The credentials in ``headers`` (:data:`CREDENTIAL_HEADERS`): for ``Authorization``
+    (``Bearer <key>``) the key, for the others the whole value; () when there are none."""
+    if headers is None:
         return ()
-    scheme, _, credential = value.partition(" ")
-    return (credential.strip() or scheme,)
+    found: list[str] = []
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered not in CREDENTIAL_HEADERS or not value:
+            continue
+        if lowered.endswith("authorization"):
+            scheme, _, credential = value.partition(" ")
+            found.append(credential.strip() or scheme)
+        else:
+            found.append(value)
+    return tuple(found)
 
 
 def scrub(exc: BaseException, secrets: tuple[str, ...]) -> None:

@@ -76,6 +76,7 @@ class StreamAttempt:
         url, headers = target(self.call, self.step)
         request = http.build_request("POST", url, content=self.call.body, headers=headers,
                                      extensions={"timeout": self.step.timeout})
+        self.step.sent_headers = request.headers
         until = self.opening_until()  # none: an endless watch, which the client's close ends
         self.watch = dog.watch(math.inf if until is None else until, request)
         return request

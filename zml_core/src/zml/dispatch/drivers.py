@@ -164,8 +164,11 @@ class Call:
         return self.d.effects.run(ending, self.view)
 
     def credentials(self, step: Step) -> tuple[str, ...]:
-        """The credential sent on ``step`` (its node's key or the client's): never shown."""
-        return credentials(self.d.node_headers.get(step.node.id, self.d.headers))
+        """The credentials sent on ``step`` (its node's key or the client's, and any a plugin
+        or the HTTP client's default headers added): never shown."""
+        sent = step.sent_headers
+        return credentials(sent if sent is not None
+                           else self.d.node_headers.get(step.node.id, self.d.headers))
 
     def closed(self) -> ClientConfigError | None:
         """The error of this call if its client was closed while it was in flight, else None:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ..errors import NodeError
     from ..fleet import NodeState, Reservation
     from ..types import Attempt, RoutingInfo
@@ -47,6 +49,9 @@ class Step:
     explained_ms: float = 0.0
     """The part of the predicted TTFT routing explained (prefill, requests ahead; see
     ``zml.routing.Decision.base_ttft_ms``), taken out of the observed TTFT the fleet learns."""
+    sent_headers: Mapping[str, str] | None = None
+    """The headers the attempt's request went out with (plugins' and the HTTP client's
+    defaults included): what errors are scrubbed of (:func:`zml.errors.credentials`)."""
 
 
 @dataclass

@@ -22,7 +22,15 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from zml.config import Registry, first_error, suggest
+from zml.config import (
+    NOT_SHOWN,
+    Registry,
+    env_name_problem,
+    first_error,
+    shown_value,
+    suggest,
+    without_secrets,
+)
 from zml.errors import PolicyConfigError
 
 __all__ = ["Alias", "GatewaySettings", "gateway_settings"]
@@ -66,7 +74,10 @@ class GatewaySettings(_Strict):
     @field_validator("api_keys_env")
     @classmethod
     def _not_the_node_key(cls, value: str | None) -> str | None:
-        if value is not None and (not value or value == NODE_KEY_ENV):
+        problem = None if value is None else env_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        if value is not None and value == NODE_KEY_ENV:
             raise ValueError(
                 f"must name a variable other than {NODE_KEY_ENV} (the key zml sends to nodes): "
                 "gateway keys and node keys are kept apart"
@@ -97,6 +108,7 @@ def gateway_settings(registry: Registry) -> GatewaySettings:
     except ValidationError as exc:
         err = first_error(exc)
         loc = "gateway" + "".join(f".{part}" for part in err["loc"])
+        value = without_secrets(err.get("input"), err["loc"][-1] if err["loc"] else None)
         hint: str | None = None
         if err["type"] == "extra_forbidden":
             key = str(err["loc"][-1])
@@ -106,6 +118,6 @@ def gateway_settings(registry: Registry) -> GatewaySettings:
         elif err["type"] == "missing":
             msg = f"{where}: {loc} is required"
         else:
-            msg = f"{where}: {loc} = {err.get('input')!r}: {err['msg']}"
-        raise PolicyConfigError(msg, field=loc, value=err.get("input"), suggestion=hint,
-                                source=registry.source) from None
+            msg = f"{where}: {loc} = {shown_value(value)}: {err['msg']}"
+        raise PolicyConfigError(msg, field=loc, value=None if value is NOT_SHOWN else value,
+                                suggestion=hint, source=registry.source) from None
