@@ -128,3 +128,23 @@ def test_a_sync_client_dropped_unclosed_closes_its_connections_and_stops_probing
         gc.collect()
     assert not prober.is_alive()
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def test_an_async_client_serves_one_asyncio_run_after_another(sim_fleet: Any) -> None:
+    """Each ``asyncio.run`` has its own event loop, and connections of a closed loop cannot be
+    used: the client's pools start afresh on the new loop, instead of failing the next request
+    with ``RuntimeError: Event loop is closed``."""
+    setup = sim_fleet(NODES, time_scale=0.01)
+    client = zml.AsyncClient(config=setup.path)  # probing on: its task dies with each loop
+
+    async def both() -> tuple[str, int]:
+        r = await client.infer(MODEL, MSGS, max_tokens=3)
+        chunks = [c async for c in client.infer_stream(MODEL, MSGS, max_tokens=3)]
+        return r.choices[0].message.content or "", len(chunks)
+
+    for _ in range(3):
+        content, chunks = asyncio.run(both())
+        assert content and chunks >= 3
+    assert client.fleet.in_flight == 0
+    assert setup.node("h100-a").stats.completed_total == 6
+    asyncio.run(client.aclose())

@@ -284,8 +284,11 @@ class AsyncClient(BaseClient):
 
     Use it as ``async with zml.AsyncClient(...) as client`` so its connections are closed.
     Cancelling a task that awaits ``infer`` (or iterates ``infer_stream``) closes the
-    connection, and the node drops the request. Arguments as for :class:`Client`, with an
-    ``httpx2.AsyncClient`` for ``http_client``, and:
+    connection, and the node drops the request. Use it from one event loop at a time: a later
+    ``asyncio.run()`` is fine (the connections of the finished loop are let go of, and new ones
+    opened), two loops in two threads at once are not. Arguments as for :class:`Client`, with
+    an ``httpx2.AsyncClient`` for ``http_client`` (one of your own keeps its connections
+    across loops, as httpx2 does: build it, and the zml client, inside the loop), and:
 
     Args:
         probe_interval_s: from the first request on, probe every node's ``/health`` and

@@ -293,8 +293,20 @@ class NodePools(_Origins, httpx2.AsyncBaseTransport):
     """
 
     def __init__(self, limits: httpx2.Limits) -> None:
+        from asyncio import get_running_loop  # not at import: the sync client never needs it
+
         super().__init__(limits)
         self._pools: dict[tuple[bytes, bytes, int | None], httpx2.AsyncHTTPTransport] = {}
+        self._loop: object = None
+        self._running_loop = get_running_loop
+
+    def _moved(self, loop: object) -> None:
+        """The first request on another event loop than the last one (a second
+        ``asyncio.run()``): the pools' connections belong to the old loop, closed or not
+        running here, and cannot be used from this one; new pools start empty (the old
+        connections are let go of, and their sockets closed, with their loop's transports)."""
+        self._pools = {}
+        self._loop = loop
 
     def _pool(self, url: httpx2.URL) -> httpx2.AsyncHTTPTransport:
         key = (url.raw_scheme, url.raw_host, url.port)
@@ -308,6 +320,9 @@ class NodePools(_Origins, httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         """Send ``request`` on its origin's pool (its ``network_stream`` extension then says
         which connection it went out on)."""
+        loop = self._running_loop()
+        if loop is not self._loop:
+            self._moved(loop)
         token = self._sending.set(request)
         try:
             return await self._pool(request.url).handle_async_request(request)
@@ -315,7 +330,11 @@ class NodePools(_Origins, httpx2.AsyncBaseTransport):
             self._sending.reset(token)
 
     async def aclose(self) -> None:
-        """Close every pool (and its connections)."""
+        """Close every pool (and its connections); those of another event loop than this one
+        cannot be closed from here, and are let go of (see :meth:`_moved`)."""
         pools, self._pools = list(self._pools.values()), {}
+        if self._running_loop() is not self._loop:
+            self._loop = None
+            return
         for pool in pools:
             await pool.aclose()
