@@ -287,8 +287,8 @@ class AsyncClient(BaseClient):
     connection, and the node drops the request. Use it from one event loop at a time: a later
     ``asyncio.run()`` is fine (the connections of the finished loop are let go of, and new ones
     opened), two loops in two threads at once are not. Arguments as for :class:`Client`, with
-    an ``httpx2.AsyncClient`` for ``http_client`` (one of your own keeps its connections
-    across loops, as httpx2 does: build it, and the zml client, inside the loop), and:
+    an ``httpx2.AsyncClient`` for ``http_client`` (one of your own is bound to its first loop,
+    as httpx2's clients are: build it, and the zml client, inside the loop), and:
 
     Args:
         probe_interval_s: from the first request on, probe every node's ``/health`` and
