@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -13,6 +16,27 @@ from typing import Any
 import pytest
 
 MODEL = "meta-llama/llama-3-8b-instruct"
+
+
+def system_tool(name: str, *, packages: Sequence[str], why: str, how: str) -> str:
+    """The path of the program ``name`` that some tests run for real (redis-server, node, npm,
+    curl). Where it is missing, on a Debian-like machine where we are root (CI, a fresh dev
+    box), ``packages`` are installed with apt-get first, so that the README's one test command
+    needs nothing installed beforehand; otherwise the test FAILS (never skips) saying ``why``
+    it needs the program and ``how`` to install it."""
+    path = shutil.which(name)
+    if path is None and shutil.which("apt-get") is not None and hasattr(os, "geteuid") \
+            and os.geteuid() == 0:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False, capture_output=True,
+                       timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *packages], env=env, check=False,
+                       capture_output=True, timeout=900)
+        path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed, and {why}: install it ({how}) and run the tests "
+                    "again", pytrace=False)
+    return path
 
 
 @pytest.fixture(autouse=True)

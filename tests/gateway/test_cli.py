@@ -103,3 +103,32 @@ def test_zml_serve_without_a_config_says_how_to_give_one(tmp_path: Path) -> None
                             text=True, env=env(), timeout=60, check=False, cwd=str(tmp_path))
     assert result.returncode == 2
     assert "--config" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_zml_serve_on_a_busy_port_is_one_message_and_serves_nothing(sim_fleet: Any) -> None:
+    setup = sim_fleet([{"id": "gpu", "family": "H100", "max_concurrency": 1}])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "zml", "serve", "--config", str(setup.path), "--port",
+             str(port)], capture_output=True, text=True, env=env(), timeout=60, check=False,
+            cwd=str(ROOT))
+    assert result.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}: the port is already in use" in result.stderr
+    assert "serving" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_zml_serve_on_port_0_says_the_port_it_got(sim_fleet: Any) -> None:
+    setup = sim_fleet([{"id": "gpu", "family": "H100", "max_concurrency": 1}])
+    proc = start_serve(setup.path, 0)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # printed once the socket is bound
+        assert line.startswith(f"zml gateway: serving {setup.path} on http://127.0.0.1:")
+        url = line.split(" on ", 1)[1].strip().removesuffix("/v1")
+        assert not url.endswith(":0")
+        wait_ready(proc, url)
+    finally:
+        stop(proc)

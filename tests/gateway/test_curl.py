@@ -6,13 +6,12 @@ Without curl the test FAILS with a message saying what to install.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from collections.abc import Callable
 
 import pytest
 
-from tests.conftest import MODEL
+from tests.conftest import MODEL, system_tool
 
 from .conftest import GATEWAY_KEY, GatewayServer
 
@@ -22,10 +21,8 @@ POLICIES = {"prod": {"accelerator_chain": ["H100"]}}
 
 def curl(*args: str) -> tuple[dict[str, str], str, int]:
     """Run curl -i; return the headers (lower-cased names), the body and the status."""
-    binary = shutil.which("curl")
-    if binary is None:
-        pytest.fail("curl is not installed: install it (Debian/Ubuntu: apt-get install curl)",
-                    pytrace=False)
+    binary = system_tool("curl", packages=["curl"], why="this test calls the gateway with curl",
+                         how="Debian/Ubuntu: apt-get install curl")
     result = subprocess.run([binary, "-sS", "-i", "--max-time", "30", *args],
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr

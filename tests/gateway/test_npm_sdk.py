@@ -3,7 +3,8 @@
 The package is installed with npm into a temporary folder once per test session (the npm
 registry must be reachable); a small script (``js/client.mjs``) makes a JSON request with
 ``.withResponse()`` headers, a stream with usage, and two failing requests, and prints what it
-saw as JSON. Without node or npm the test FAILS with a message saying what to install.
+saw as JSON. Without node or npm they are installed with apt-get where we are root on a
+Debian-like machine; otherwise the test FAILS with a message saying what to install.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MODEL
+from tests.conftest import MODEL, system_tool
 
 from .conftest import GATEWAY_KEY, GatewayServer
 
@@ -29,12 +30,9 @@ POLICIES = {"prod": {"accelerator_chain": ["H100"]}, "amd": {"accelerator_chain"
 
 
 def _tool(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        pytest.fail(f"{name} is not installed, and this test runs the official openai npm "
-                    "package on Node.js: install Node.js 18+ with npm (Debian/Ubuntu: "
-                    "apt-get install nodejs npm) and run the tests again", pytrace=False)
-    return path
+    return system_tool(name, packages=["nodejs", "npm"],
+                       why="this test runs the official openai npm package on Node.js",
+                       how="Node.js 18+ with npm; Debian/Ubuntu: apt-get install nodejs npm")
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,15 @@
 """A real Redis for the zml-redis tests: ``redis-server`` started on a free loopback port.
 
 The session's server is started by the first test that needs it and stopped at the end.
-Without the ``redis-server`` binary the tests FAIL (they are not skipped): install it
-(Debian/Ubuntu ``apt-get install redis-server``, macOS ``brew install redis``).
+Without the ``redis-server`` binary, it is installed with apt-get where we are root on a
+Debian-like machine (:func:`tests.conftest.system_tool`); otherwise the tests FAIL (they are
+not skipped): install it (Debian/Ubuntu ``apt-get install redis-server``, macOS ``brew install
+redis``).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +22,8 @@ import pytest
 import redis
 from zml_redis.plugin import reset
 from zml_redis.settings import Settings
+
+from tests.conftest import system_tool
 
 HERE = Path(__file__).parent
 REPLICA = HERE / "_replica.py"
@@ -87,30 +90,10 @@ class RedisServer:
         self.proc.send_signal(signal.SIGCONT)
 
 
-def _install_with_apt() -> None:
-    """On a Debian-like machine where we are root (CI, fresh dev boxes), install redis-server,
-    so that the README's one test command needs nothing installed beforehand."""
-    if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], env=env, check=False, capture_output=True)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "redis-server"], env=env, check=False,
-                   capture_output=True)
-
-
 def _binary() -> str:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        _install_with_apt()
-        binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail(
-            "redis-server is not installed, and the zml-redis tests need a real Redis: install "
-            "it (Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis) "
-            "and run the tests again",
-            pytrace=False,
-        )
-    return binary
+    return system_tool(
+        "redis-server", packages=["redis-server"], why="the zml-redis tests need a real Redis",
+        how="Debian/Ubuntu: sudo apt-get install redis-server; macOS: brew install redis")
 
 
 @pytest.fixture(scope="session")

@@ -147,6 +147,19 @@ def test_an_unwritable_dir_is_one_message(tmp_path: Path) -> None:
         assert_error(zml80("demo", "--dir", str(locked)), "cannot write")
 
 
+def test_a_project_s_own_zml_toml_is_never_overwritten(tmp_path: Path) -> None:
+    mine = write(tmp_path / "zml.toml", "[accelerators.H100]\n# my fleet\n")
+    assert_error(zml80("demo", "--dir", str(tmp_path)),
+                 f"error: --dir {tmp_path}: {mine} exists and was not written by `zml demo`")
+    assert mine.read_text() == "[accelerators.H100]\n# my fleet\n"
+
+
+def test_an_earlier_demo_s_zml_toml_may_be_replaced(tmp_path: Path) -> None:
+    from zml.cli.demo import _refuse_to_overwrite, demo_config
+
+    _refuse_to_overwrite(write(tmp_path / "zml.toml", demo_config()), str(tmp_path))
+
+
 def test_a_busy_port_names_the_node_and_the_port(tmp_path: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -60,11 +60,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+_HEADER = "# zml.toml written by `zml demo`"
+"""The first line of the demo's zml.toml (how a later demo knows it may replace the file)."""
+
+
 def demo_config(ports: dict[str, int] | None = None) -> str:
     """The demo's zml.toml text, with each node on the given (or a free) loopback port."""
     ports = ports or {}
     lines = [
-        "# zml.toml written by `zml demo`: three accelerator families of simulated vLLM nodes",
+        f"{_HEADER}: three accelerator families of simulated vLLM nodes",
         "# on loopback, and the policy from the zml 0.3 release post.",
         "",
         "[accelerators.H100]",
@@ -231,12 +235,29 @@ def _folder(directory: str | None) -> Iterator[Path]:
     yield folder
 
 
+def _refuse_to_overwrite(config: Path, directory: str | None) -> None:
+    """A ``zml.toml`` already in ``--dir`` is replaced only if an earlier demo wrote it (its
+    ports change from run to run): a project's own configuration is never overwritten."""
+    try:
+        first = config.read_text(errors="replace").partition("\n")[0]
+    except FileNotFoundError:
+        return
+    except OSError:
+        first = ""
+    if not first.startswith(_HEADER):
+        raise CommandError(
+            f"--dir {directory}: {config} exists and was not written by `zml demo`; it is left "
+            "as it is: pass another folder, or no --dir for a temporary one"
+        )
+
+
 def run_demo(directory: str | None = None, burst: int = 16, time_scale: float = 1.0) -> int:
     """Run the demo; returns the exit status (0 when it showed a fallback and a routing error)."""
     console = stdout_console()
     with _folder(directory) as folder:
         config = folder / "zml.toml"
         text = demo_config()
+        _refuse_to_overwrite(config, directory)
         try:
             config.write_text(text)
         except OSError as exc:

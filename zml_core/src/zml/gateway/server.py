@@ -9,8 +9,12 @@ capacity between workers or replicas, install zml-redis and set ``ZML_REDIS_URL`
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import socket
 import sys
+from collections.abc import Iterator
 
 import uvicorn
 from starlette.applications import Starlette
@@ -52,18 +56,41 @@ def serve(config: str | None = None, *, host: str = DEFAULT_HOST, port: int = DE
             "no zml.toml found: pass --config PATH, set ZML_CONFIG, or run where a zml.toml is",
             field="config",
         )
-    common: dict[str, object] = {"host": host, "port": port, "log_level": log_level,
-                                 "access_log": False, "lifespan": "on"}
     if workers == 1:
-        app = create_app(path)
-        print(f"zml gateway: serving {path} on http://{host}:{port}/v1", file=sys.stderr)
-        uvicorn.run(app, **common)  # type: ignore[arg-type]
-        return 0
-    registry = load_registry(path)
-    KeyRing.from_settings(gateway_settings(registry), registry.source, os.environ)
-    os.environ[ENV_CONFIG] = str(path.resolve())  # read by every worker's app
-    print(f"zml gateway: serving {path} on http://{host}:{port}/v1 with {workers} workers",
-          file=sys.stderr)
-    uvicorn.run("zml.gateway.server:app_from_environment", factory=True, workers=workers,
-                **common)  # type: ignore[arg-type]
+        target: object = create_app(path)
+    else:
+        registry = load_registry(path)
+        KeyRing.from_settings(gateway_settings(registry), registry.source, os.environ)
+        os.environ[ENV_CONFIG] = str(path.resolve())  # read by every worker's app
+        target = "zml.gateway.server:app_from_environment"
+    with _listen(host, port) as sock:
+        bound = sock.getsockname()[1]  # the real one for --port 0
+        shown = f"[{host}]" if ":" in host else host
+        print(f"zml gateway: serving {path} on http://{shown}:{bound}/v1"
+              + (f" with {workers} workers" if workers > 1 else ""), file=sys.stderr)
+        uvicorn.run(target, fd=sock.fileno(), workers=workers, factory=workers > 1,  # type: ignore[arg-type]
+                    log_level=log_level, access_log=False, lifespan="on")
     return 0
+
+
+@contextlib.contextmanager
+def _listen(host: str, port: int) -> Iterator[socket.socket]:
+    """The gateway's listening socket, bound before anything is printed or started, so that a
+    busy port (or an address this machine does not have) is one error naming it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.set_inheritable(True)  # uvicorn's worker processes serve on it
+    except OSError as exc:
+        sock.close()
+        why = "the port is already in use (another `zml serve`, or another server?)" \
+            if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise InvalidRequestError(
+            f"cannot listen on {host}:{port}: {why}; pass another --port (or --host)",
+            param="port",
+        ) from None
+    with sock:
+        yield sock
