@@ -33,18 +33,20 @@ from typing import Any
 import httpx2
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from zml.client import AsyncClient
 from zml.config import Registry, discover_path, load_registry
-from zml.errors import PolicyConfigError
+from zml.errors import PolicyConfigError, safe_detail
 
 from .auth import KeyRing
 from .completions import ChatCompletions
 from .errors import error_reply
 from .metrics import CONTENT_TYPE, GatewayMetrics
+from .request_id import ForwardRequestId, RequestIdMiddleware
 from .selection import Selector
 from .settings import NODE_KEY_ENV, GatewaySettings, gateway_settings
 
@@ -140,6 +142,7 @@ def create_app(config: str | os.PathLike[str] | Registry | None = None, *,
     keys = KeyRing.from_settings(settings, registry.source, env)
     client = AsyncClient(env.get(NODE_KEY_ENV), config=registry,
                          probe_interval_s=probe_interval_s)
+    client.plugins.register(ForwardRequestId(), name="zml-gateway-request-id")
     served = {model for node in client.registry.nodes for model in node.models}
     selector = Selector(settings, served, client.policies)
     selector.check(registry.source)
@@ -159,17 +162,29 @@ def create_app(config: str | os.PathLike[str] | Registry | None = None, *,
                 gateway.http = None
                 await client.aclose()
 
+    def model_entry(name: str, alias: tuple[str, str | None] | None) -> dict[str, Any]:
+        entry: dict[str, Any] = {"id": name, "object": "model", "created": 0, "owned_by": "zml"}
+        if alias is not None:
+            entry["zml_alias"] = {"model": alias[0], "policy": alias[1]}
+        return entry
+
     async def models(request: Request) -> Response:
         if not gateway.authorized(request):
             return _error(401, "a valid gateway API key is required", "invalid_api_key")
-        data = []
-        for name, alias in selector.models().items():
-            entry: dict[str, Any] = {"id": name, "object": "model", "created": 0,
-                                     "owned_by": "zml"}
-            if alias is not None:
-                entry["zml_alias"] = {"model": alias[0], "policy": alias[1]}
-            data.append(entry)
+        data = [model_entry(name, alias) for name, alias in selector.models().items()]
         return JSONResponse({"object": "list", "data": data})
+
+    async def model(request: Request) -> Response:
+        if not gateway.authorized(request):
+            return _error(401, "a valid gateway API key is required", "invalid_api_key")
+        name = request.path_params["model_id"]
+        known = selector.models()
+        if name not in known:
+            return _error(404, f"the model {safe_detail(name, 120)!r} does not exist on this "
+                          "gateway: GET "
+                          "/v1/models lists the served models and aliases", "model_not_found",
+                          param="model")
+        return JSONResponse(model_entry(name, known[name]))
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -192,21 +207,23 @@ def create_app(config: str | os.PathLike[str] | Registry | None = None, *,
         routes=[
             Route("/v1/chat/completions", ChatCompletions(gateway), methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", model, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/ready", ready, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],
         lifespan=lifespan,
         exception_handlers={HTTPException: http_error},
+        middleware=[Middleware(RequestIdMiddleware)],
     )
     app.state.gateway = gateway
     return app
 
 
 def _error(status: int, message: str, code: str | None,
-           headers: Mapping[str, str] | None = None) -> Response:
+           headers: Mapping[str, str] | None = None, *, param: str | None = None) -> Response:
     """An OpenAI-shaped error response, keeping ``headers`` (a 405's ``Allow``)."""
-    reply = error_reply(status, message, "invalid_request_error", code=code)
+    reply = error_reply(status, message, "invalid_request_error", code=code, param=param)
     out = dict(headers or {})
     if status == 401:
         out["www-authenticate"] = "Bearer"

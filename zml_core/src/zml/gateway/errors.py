@@ -59,6 +59,8 @@ from zml.errors import (
     ZMLTimeoutError,
 )
 
+from .request_id import CURRENT
+
 __all__ = ["ErrorReply", "error_reply", "invalid_request", "reply_for"]
 
 logger: logging.Logger = logging.getLogger("zml.gateway")
@@ -133,9 +135,10 @@ def reply_for(exc: BaseException) -> ErrorReply:
     if isinstance(exc, PolicyConfigError):
         return error_reply(500, str(exc), "server_error", code="policy_config_error",
                            param=exc.field, headers=NO_RETRY)
-    logger.error("zml gateway: unexpected error", exc_info=exc)
-    return error_reply(500, "internal gateway error (see the gateway's log)", "server_error",
-                       code="internal_error", headers=NO_RETRY)
+    rid = CURRENT.get()
+    logger.error("zml gateway: unexpected error (request %s)", rid, exc_info=exc)
+    return error_reply(500, f"internal gateway error (request {rid}: see the gateway's log)",
+                       "server_error", code="internal_error", headers=NO_RETRY)
 
 
 def _routing(exc: RoutingError) -> ErrorReply:
