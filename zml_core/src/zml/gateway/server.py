@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -57,19 +58,24 @@ def serve(config: str | None = None, *, host: str = DEFAULT_HOST, port: int = DE
             field="config",
         )
     if workers == 1:
-        target: object = create_app(path)
+        target: Starlette | str = create_app(path)
     else:
         registry = load_registry(path)
         KeyRing.from_settings(gateway_settings(registry), registry.source, os.environ)
         os.environ[ENV_CONFIG] = str(path.resolve())  # read by every worker's app
         target = "zml.gateway.server:app_from_environment"
+    options: dict[str, Any] = {"log_level": log_level, "access_log": False, "lifespan": "on"}
     with _listen(host, port) as sock:
         bound = sock.getsockname()[1]  # the real one for --port 0
         shown = f"[{host}]" if ":" in host else host
         print(f"zml gateway: serving {path} on http://{shown}:{bound}/v1"
               + (f" with {workers} workers" if workers > 1 else ""), file=sys.stderr)
-        uvicorn.run(target, fd=sock.fileno(), workers=workers, factory=workers > 1,  # type: ignore[arg-type]
-                    log_level=log_level, access_log=False, lifespan="on")
+        if workers == 1:  # served on this very socket (an inet one: replies go out unbuffered)
+            server = uvicorn.Server(uvicorn.Config(target, **options))
+            server.run(sockets=[sock])
+            return 0 if server.started else 1
+    # Several workers: uvicorn's supervisor binds the port, which was free a moment ago.
+    uvicorn.run(target, host=host, port=bound, workers=workers, factory=True, **options)
     return 0
 
 
