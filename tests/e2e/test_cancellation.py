@@ -17,7 +17,7 @@ import pytest
 
 import zml
 from tests.conftest import MODEL
-from tests.e2e.conftest import await_for, fleet_fixture, settled, wait_for
+from tests.e2e.conftest import await_for, collect, fleet_fixture, settled, wait_for
 
 MSGS = [{"role": "user", "content": "Write a very long essay"}]
 LONG = {"max_tokens": 4000, "extra_body": {"ignore_eos": True}}  # seconds of streaming
@@ -412,9 +412,9 @@ def test_aclose_from_another_task_ends_the_readers_stream_once(setup: Any, when:
 
     node = setup.node("gpu")
     if when == "opening":
-        # No first token for 1 s. The reader's opening ends with that first token (or its
-        # deadline): aclose() does not interrupt it, but no chunk is delivered after it.
-        node.set_faults(zml.sim.FaultSpec(stall_s=10.0))
+        # No first token for 100 s: aclose() stops the opening itself (its connection is
+        # shut down), so the reader ends long before that, with no chunk.
+        node.set_faults(zml.sim.FaultSpec(stall_s=1000.0))
     endings = _Endings()
 
     async def main() -> None:
@@ -473,3 +473,50 @@ def test_close_from_another_thread_ends_the_readers_stream_without_blaming_the_n
         wait_for(aborted_and_idle(node, 1), "the node to abort the request")
         assert client.fleet.status()[0]["health"] == 1.0
     assert endings.seen == ["cancelled"]
+
+
+def test_aclose_while_another_task_opens_tries_no_other_node(hostile: Any, tmp_path: Any) -> None:
+    """The opening attempt's connection is shut down by the close: that failure is the
+    caller's, so the next node of the chain is not tried and the first is not blamed."""
+    from tests.e2e.hostile import write_config
+
+    config = write_config(tmp_path / "zml.toml", hostile, {"a": "stall", "b": "ok"})
+
+    async def main() -> None:
+        async with zml.AsyncClient(config=config, timeout=600, probe_interval_s=None) as client:
+            stream = client.infer_stream(MODEL, MSGS, policy="hostile")
+            task = asyncio.create_task(collect(stream))
+            await await_for(lambda: len(hostile.requests_for("stall")) == 1, "the request")
+            await stream.aclose()
+            assert await asyncio.wait_for(task, 30) == []
+            node = client.fleet.node("a")
+            assert node.health == 1.0 and node.consecutive_failures == 0
+            assert client.fleet.in_flight == 0
+        assert hostile.requests_for("ok") == []
+
+    asyncio.run(main())
+
+
+def test_aclose_ends_another_task_s_wait_in_the_saturation_queue(sim_fleet: Any) -> None:
+    setup = sim_fleet([{"id": "solo", "family": "H100", "max_concurrency": 1}],
+                      {"wait": {"accelerator_chain": ["H100"], "queue_on_saturation": True,
+                                "max_queue_ms": 600000}}, time_scale=0.1)
+
+    async def main() -> None:
+        async with zml.AsyncClient(config=setup.path, timeout=600,
+                                   probe_interval_s=None) as client:
+            holder = client.infer_stream(MODEL, MSGS, policy="wait", **LONG)
+            held = holder.__aiter__()
+            await held.__anext__()
+            queued = client.infer_stream(MODEL, MSGS, policy="wait", max_tokens=3)
+            task = asyncio.create_task(collect(queued))
+            queues = client._dispatcher.effects.queues
+            await await_for(lambda: len(queues.queued("wait")) == 1, "the queue")
+            await queued.aclose()
+            assert await asyncio.wait_for(task, 30) == []
+            assert queues.queued("wait") == []
+            await holder.aclose()
+            assert client.fleet.in_flight == 0
+
+    asyncio.run(main())
+    assert settled(setup.node("solo")).requests_total == 1  # the queued one was never sent

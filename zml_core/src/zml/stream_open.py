@@ -224,7 +224,7 @@ async def open_async(call: Call, http: httpx2.AsyncClient,
     """:func:`open_sync` for the async client."""
 
     async def attempt(step: Step) -> tuple[StreamAttempt, list[ChatCompletionChunk]]:
-        op = StreamAttempt(call, step)
+        op = call.opening = StreamAttempt(call, step)  # what AsyncStream.aclose() stops
         clock = call.d.clock
         try:
             request = op.request(http, target, deadlines)
@@ -248,7 +248,10 @@ async def open_async(call: Call, http: httpx2.AsyncClient,
                 raise
             raise err from exc
 
-    step, opened = await adrive(call, wait, attempt)
+    try:
+        step, opened = await adrive(call, wait, attempt)
+    finally:
+        call.opening = None
     call.first_token(step)
     opened[0].opened(deadlines)
     return opened

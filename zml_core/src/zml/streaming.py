@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx2
 
-from .dispatch import Call, ResponseSummary, Wait
+from .dispatch import Call, CallStopped, ResponseSummary, Wait
 from .errors import ClientConfigError, NodeError
 from .stream_open import StreamAttempt, StreamExpired, Target, open_async, open_sync, read_next
 from .types import ChatCompletionChunk, RoutingInfo, Usage
@@ -325,6 +325,9 @@ class AsyncStream(_Base):
         try:
             opened = await open_async(self._call, self._http, self._wait, self._deadlines,
                                       self._target)
+        except CallStopped:  # aclose() ran, from another task, while this one opened
+            self._phase = _ENDED
+            return
         except BaseException:
             self._phase = _ENDED  # the driver ended the call
             raise
@@ -396,8 +399,14 @@ class AsyncStream(_Base):
                 await op.response.aclose()
 
     async def aclose(self) -> None:
-        """Stop the stream: close the connection (the node drops the request), free the slot."""
+        """Stop the stream: close the connection (the node drops the request), free the slot.
+
+        From another task while the stream is still opening, it also stops the opening: the
+        attempt's connection is shut down (or its wait in the saturation queue ended), and the
+        task that opens it ends its loop (no failover, the node is not blamed)."""
         if self._end():
+            if self._op is None:
+                self._call.stop()
             await self._close()
 
     async def __aenter__(self) -> AsyncStream:

@@ -23,7 +23,7 @@ Replay (:mod:`zml.sim.replay`) adds a third driver that runs the same flows in v
 from __future__ import annotations
 
 from .dispatcher import Dispatcher
-from .drivers import Call, adrive, drive
+from .drivers import Call, CallStopped, adrive, drive
 from .effects import Effects
 from .flow import (
     FINAL_ERRORS,
@@ -65,6 +65,7 @@ __all__ = [
     "RETRY_AFTER_MAX_S",
     "Behind",
     "Call",
+    "CallStopped",
     "CallView",
     "Dequeue",
     "Dispatcher",

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .dispatcher import Dispatcher
     from .request import Request, Timeouts
 
-__all__ = ["Call", "adrive", "drive"]
+__all__ = ["Call", "CallStopped", "adrive", "drive"]
 
 _T = TypeVar("_T")
 _IO = (Wait, Lease, Send)  # what drivers carry out themselves
@@ -51,16 +51,42 @@ def _header_ok(name: object, value: object) -> bool:
             and _TOKEN.issuperset(name) and value.isascii() and value.isprintable())
 
 
+class CallStopped(Exception):
+    """The caller stopped the call while it was being dispatched (an async stream closed by
+    another task while it opened). Internal: the stream's reader ends quietly, and the failure
+    the stop caused is not the node's."""
+
+
 class Call:
     """One request under way: what was asked, what happened, and its flow's endings."""
 
-    __slots__ = ("d", "record", "request", "view")
+    __slots__ = ("d", "opening", "record", "request", "stopped", "view")
 
     def __init__(self, dispatcher: Dispatcher, request: Request) -> None:
         self.d: Dispatcher = dispatcher
         self.request: Request = request
         self.record: Record = Record()
         self.view: CallView = CallView(request, self.record, dispatcher.clock, dispatcher.fleet.ledger)
+        self.stopped: bool = False
+        """Set by :meth:`stop`: nothing more is tried (:class:`CallStopped`)."""
+        self.opening: Any = None
+        """The attempt being opened now (a stream's ``StreamAttempt``), for :meth:`stop`."""
+
+    def stop(self) -> None:
+        """Stop the call from another task: the attempt being opened has its connection shut
+        down (the node drops the request), a wait in the saturation queue ends, and the driver
+        then raises :class:`CallStopped` instead of trying anything else."""
+        from ..watchdog import shutdown_socket
+
+        self.stopped = True
+        op = self.opening
+        if op is not None:
+            watch = op.watch
+            shutdown_socket(op.response if op.response is not None
+                            else watch.response if watch is not None else None)
+        ticket = self.record.ticket
+        if ticket is not None:
+            ticket.wake()
 
     # --- what senders need -------------------------------------------------------------------
 
@@ -272,12 +298,15 @@ def _ending(call: Call) -> Iterator[None]:
 
 
 def _check_open(call: Call) -> None:
-    """Raise the closed-client error if the call's client was closed (before a wait, a lease,
-    a send, and after a failed send): from then on nothing more is tried, and a failure is
-    the closing's doing, so it neither fails over nor marks the node."""
+    """Raise the closed-client error if the call's client was closed, or CallStopped if the
+    call was stopped (before a wait, a lease, a send, and after a failed send): from then on
+    nothing more is tried, and a failure is the closing's doing, so it neither fails over nor
+    marks the node."""
     kind = call.d.closed_by
     if kind is not None:
         raise closed_client(kind, in_flight=True) from None
+    if call.stopped:
+        raise CallStopped from None
 
 
 def _outcome(call: Call, send: Callable[[Step], _T], step: Step) -> _T | NodeError:
