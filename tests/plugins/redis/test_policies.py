@@ -161,7 +161,7 @@ def test_store_and_source_without_the_cli(redis_env: Settings, redis_server: Red
         assert (version, versions) == (1, {"a": 1})
     r = redis_server.client()
     r.hset(redis_env.policies_key, "broken", "not json")
-    from zml_redis.hub import hub_for
+    from zml_redis.hubs import hub_for
 
     source = RedisPolicySource(hub_for(redis_env))
     assert source.list() == ["a", "broken"]

@@ -22,7 +22,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .hub import Hub, hub_for
+    from .hub import Hub
+    from .hubs import hub_for
     from .ledger import RedisLedger
     from .policies import CorruptStoreError, PolicyStore, RedisPolicySource, Snapshot, StoreError
     from .settings import Settings, SettingsError
@@ -35,7 +36,7 @@ ENV_URL = "ZML_REDIS_URL"
 # a process without ``ZML_REDIS_URL`` never needs.
 _EXPORTS = {
     "Hub": "hub",
-    "hub_for": "hub",
+    "hub_for": "hubs",
     "RedisLedger": "ledger",
     "PolicyStore": "policies",
     "RedisPolicySource": "policies",

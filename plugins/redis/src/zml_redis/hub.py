@@ -1,6 +1,7 @@
 """One process's link to one Redis: connections, background threads, and the shared state.
 
-A :class:`Hub` exists once per process and per :class:`~zml_redis.settings.Settings`; every
+A :class:`Hub` exists once per process and per :class:`~zml_redis.settings.Settings`
+(:mod:`zml_redis.hubs` keeps them); every
 client's ledger (:mod:`zml_redis.ledger`) and the policy source (:mod:`zml_redis.policies`)
 of that process go through it.
 
@@ -32,12 +33,10 @@ one INFO line says shared state resumed.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import hashlib
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -58,7 +57,7 @@ from zml.fleet import Fleet, NodeState, report_load as merge_load
 from . import scripts
 from .settings import Settings, scrub
 
-__all__ = ["Attached", "Hub", "close_all", "hub_for", "report_load"]
+__all__ = ["Attached", "Hub", "report_load"]
 
 log = logging.getLogger("zml.redis")
 
@@ -588,32 +587,3 @@ class Hub:
             self.failed(exc)
         except Exception:
             log.exception("zml-redis: a message handler failed")
-
-
-# --- one hub per process and settings ------------------------------------------------------------
-
-_hubs: dict[tuple[int, Settings], Hub] = {}
-_hubs_lock = threading.Lock()
-
-
-def hub_for(settings: Settings) -> Hub:
-    """This process's hub for ``settings`` (made on first use; a forked child gets its own)."""
-    key = (os.getpid(), settings)
-    with _hubs_lock:
-        hub = _hubs.get(key)
-        if hub is None:
-            hub = _hubs[key] = Hub(settings)
-        return hub
-
-
-def close_all() -> None:
-    """Close every hub of this process (tests; at exit, queued releases are sent first)."""
-    with _hubs_lock:
-        hubs = list(_hubs.values())
-        _hubs.clear()
-    for hub in hubs:
-        with contextlib.suppress(Exception):
-            hub.close()
-
-
-atexit.register(close_all)

@@ -64,7 +64,7 @@ def _hub() -> Hub | None:
         raise SettingsError(f"zml-redis: {exc}", field=exc.field, value=exc.value) from None
     if settings is None:
         return None
-    from .hub import hub_for
+    from .hubs import hub_for
 
     return hub_for(settings)
 
@@ -83,7 +83,7 @@ def reset() -> None:
     """Forget this process's hubs and sources (closing them): for tests."""
     with _lock:
         _sources.clear()
-    from .hub import close_all
+    from .hubs import close_all
 
     close_all()
 
