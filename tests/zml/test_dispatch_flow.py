@@ -208,6 +208,24 @@ def test_a_stalled_non_streamed_attempt_leaves_time_to_fail_over() -> None:
     assert seen[0] is not None and seen[0] <= 9.0 / 3 + 1e-6
 
 
+def test_a_node_s_usual_service_time_is_never_cut_short_by_the_share() -> None:
+    """With 9 s left and 3 attempts the share is 3 s; a node that usually takes 4 s gets 8 s
+    (twice that), and one that takes 6 s all the time left: a tight budget must not turn
+    answers as slow as usual into failures (and marks) on every node of the chain."""
+    h = Harness(registry(("a", "H100", 1), ("b", "H100", 1)))
+    seen: list[float | None] = []
+
+    def answer(step: Step) -> object:
+        seen.append(step.timeout["read"])
+        return {"ok": 1}
+
+    for usual in (4.0, 6.0):
+        for node in h.d.fleet:
+            node.service_ms = usual * 1000
+        h.run(h.call(timeout=9.0), answer)
+    assert seen == [pytest.approx(8.0), pytest.approx(9.0, abs=1e-6)]
+
+
 def test_saturation_queue_waits_for_capacity_then_routes() -> None:
     h = Harness(registry(("a", "H100", 1)))
     policy = h.policy(accelerator_chain=["H100"], queue_on_saturation=True)

@@ -22,8 +22,8 @@ Failover rules (the contract):
 * When attempts run out, :class:`RoutingError` with ``final_error`` ``"attempts_exhausted"``
   (context key ``attempts``), chained from the last node error.
 * A non-streamed attempt waits at most ``first_token`` (when set) or, when routing saw other
-  candidates, the time left divided by the attempts left, so that a stalled node fails over
-  before the deadline.
+  candidates, the time left divided by the attempts left (but no less than twice the node's
+  usual service time), so that a stalled node fails over before the deadline.
 * A timeout at the request's own deadline (the attempt had all the time left) is the caller's
   budget running out, not the node failing: the node is not marked, it is not listed in
   ``attempts``, and the request ends with ZMLTimeoutError.
@@ -197,13 +197,15 @@ def _step(req: Request, rec: Record, reserved: Reserved, now: float,
     alternatives = checked - 1 - len(rec.tried) > 0
     base = decision.base_ttft_ms
     explained = 0.0 if base is None else max(0.0, decision.predicted_ttft_ms - base)
+    typical = None if node.service_ms is None else node.service_ms / 1000.0
     return Step(node, reserved.reservation, info, node.completion_url,
-                _attempt_timeout(req, rec, now, settings, alternatives),
+                _attempt_timeout(req, rec, now, settings, alternatives, typical),
                 explained_ms=explained)
 
 
 def _attempt_timeout(req: Request, rec: Record, now: float, settings: FlowSettings,
-                     alternatives: bool) -> dict[str, float | None]:
+                     alternatives: bool, typical_s: float | None = None
+                     ) -> dict[str, float | None]:
     """Per-attempt transport timeouts, none beyond the overall deadline, as the ``timeout``
     request extension httpx2 reads (``connect``, ``read``, ``write``, ``pool`` seconds).
 
@@ -211,7 +213,10 @@ def _attempt_timeout(req: Request, rec: Record, now: float, settings: FlowSettin
     ``idle``); once it started, the stream switches to :func:`idle_timeout`. A non-streamed
     answer arrives whole: it gets ``first_token`` when set, else — when routing saw other
     candidates — the time left shared among the attempts left, so a stalled node leaves time
-    to fail over (with no other candidate it may use all the time left).
+    to fail over (with no other candidate it may use all the time left). That share is never
+    less than twice what the node usually takes to answer (``typical_s``, its service-time
+    estimate): a tight deadline must not cut short, and count as the node's failure, an
+    answer that is only as slow as usual.
     """
     t = req.timeouts
     deadline = req.deadline
@@ -229,6 +234,8 @@ def _attempt_timeout(req: Request, rec: Record, now: float, settings: FlowSettin
     elif remaining is not None and alternatives:
         left = max(1, settings.max_attempts - len(rec.attempts))
         read = remaining / left
+        if typical_s is not None:
+            read = max(read, 2.0 * typical_s)
     else:
         read = None
     connect = cap(t.connect)
