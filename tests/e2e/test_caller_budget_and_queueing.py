@@ -49,6 +49,21 @@ def test_a_long_whole_answer_does_not_shut_out_a_latency_target(setup: Any) -> N
         assert observed and all(ms < 500 for ms in observed)  # learned from the streams
 
 
+def test_a_tight_deadline_gives_an_answer_as_slow_as_usual_the_time_it_takes(setup: Any) -> None:
+    """Two nodes whose whole answers take about S seconds, and a deadline of 2.4 S: shared
+    among three attempts that would be 0.8 S each, every attempt would time out (and mark its
+    node). An attempt gets at least twice the node's usual service time instead."""
+    with zml.Client(config=setup.path, probe_interval_s=None) as client:
+        for _ in range(4):  # both nodes learn their service time
+            client.infer(MODEL, MSGS, policy="lenient", **LONG)
+        usual = [n.service_ms for n in client.fleet]
+        assert all(ms is not None for ms in usual)
+        budget = 2.4 * max(usual) / 1000  # type: ignore[type-var]
+        r = client.infer(MODEL, MSGS, policy="lenient", timeout=budget, **LONG)
+        assert r.routing.attempts == []
+        assert all(n.health == 1.0 and n.consecutive_failures == 0 for n in client.fleet)
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_the_callers_deadline_on_a_whole_answer_leaves_the_node_healthy(sim_fleet: Any,
                                                                           kind: str) -> None:
