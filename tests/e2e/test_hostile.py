@@ -30,6 +30,18 @@ MSGS = [{"role": "user", "content": "hi"}]
 KEY = "sk-hostile-test-key"
 
 
+def chain_texts(exc: BaseException | None) -> list[str]:
+    """What every exception chained to ``exc`` holds (its ``__cause__`` or ``__context__``,
+    shown in a traceback or not): args and attributes, a JSONDecodeError's ``doc`` included."""
+    out: list[str] = []
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        out += [repr(exc.args), repr(getattr(exc, "__dict__", {}))]
+        exc = exc.__cause__ or exc.__context__
+    return out
+
+
 @pytest.fixture(params=["sync", "async"])
 def infer(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """``infer(config, **kwargs)``: one non-streamed call on a fresh client of either kind."""
@@ -355,7 +367,7 @@ def test_a_key_the_node_quotes_anywhere_else_is_never_shown(
     if context is not None:
         seen.append(json.dumps(context, default=str))
     assert "[redacted]" in seen[0]
-    assert not [text for text in seen if KEY in text]
+    assert not [text for text in seen + chain_texts(info.value) if KEY in text]
 
 
 class AzureKey:
@@ -388,4 +400,4 @@ def test_a_key_a_plugin_sends_in_its_own_header_is_never_shown(
     seen = ["".join(traceback.format_exception(info.value)), repr(info.value),
             json.dumps(getattr(info.value, "routing_context", None), default=str)]
     assert "[redacted]" in seen[0]
-    assert not [text for text in seen if PLUGIN_KEY in text]
+    assert not [text for text in seen + chain_texts(info.value) if PLUGIN_KEY in text]

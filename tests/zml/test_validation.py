@@ -265,3 +265,36 @@ def test_a_bad_timeouts_field_is_refused_at_construction(fields: dict[str, Any])
 def test_an_infinite_or_nan_timeout_is_refused(value: float) -> None:
     with pytest.raises(zml.InvalidRequestError, match="timeout"):
         zml.Timeouts.of(value)
+
+
+@pytest.mark.parametrize("value", [1e12, 1e300, 10**400, 365 * 24 * 3600 + 1])
+def test_a_timeout_longer_than_a_year_is_refused(value: float) -> None:
+    """Longer ones would overflow a thread wait or a socket timeout (and a sync client's
+    deadline thread with them); None says "no limit"."""
+    with pytest.raises(zml.InvalidRequestError, match=r"at most 31536000 s \(a year\); pass None"):
+        zml.Timeouts(total=value)
+    assert zml.Timeouts(total=365 * 24 * 3600).total == 365 * 24 * 3600
+
+
+@pytest.mark.parametrize("value", [1e300, 10**400, math.nan, math.inf, 0, True])
+def test_a_bad_probe_interval_is_refused(value: Any) -> None:
+    with pytest.raises(zml.InvalidRequestError, match="probe_interval_s must be") as info:
+        zml.Client(config=zml.config.Registry(), probe_interval_s=value)
+    assert len(str(info.value)) < 200
+
+
+def test_http_client_must_be_the_client_kind_s_own() -> None:
+    import asyncio
+
+    import httpx2
+
+    registry = zml.config.Registry()
+    with pytest.raises(zml.InvalidRequestError, match="got int"):
+        zml.Client(config=registry, http_client=5)  # type: ignore[arg-type]
+    other = httpx2.AsyncClient()
+    with pytest.raises(zml.InvalidRequestError, match="belongs to the other kind"):
+        zml.Client(config=registry, http_client=other)  # type: ignore[arg-type]
+    asyncio.run(other.aclose())
+    with httpx2.Client() as sync, \
+            pytest.raises(zml.InvalidRequestError, match=r"an httpx2\.AsyncClient for a zml"):
+        zml.AsyncClient(config=registry, http_client=sync)  # type: ignore[arg-type]

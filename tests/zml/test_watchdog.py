@@ -243,3 +243,24 @@ def test_the_loop_watchdog_follows_a_request_to_its_response() -> None:
             b.close()
 
     asyncio.run(main())
+
+
+def test_a_deadline_far_beyond_the_platform_s_wait_limit_does_not_stop_the_thread() -> None:
+    """The thread waits at most threading.TIMEOUT_MAX at a time (a longer wait raises), and
+    goes on serving the deadlines that come after."""
+    dog = Watchdog()
+    far = dog.watch(time.monotonic() + threading.TIMEOUT_MAX * 4, object())
+    time.sleep(0.05)  # the thread now waits for that deadline
+    a, b = socket.socketpair()
+    try:
+        response = _Response(a)
+        near = dog.watch(time.monotonic() + 0.05, response)
+        deadline = time.monotonic() + 10  # a safety net
+        while not near.fired and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert near.fired and dog._thread is not None and dog._thread.is_alive()
+    finally:
+        far.end()
+        dog.close()
+        a.close()
+        b.close()

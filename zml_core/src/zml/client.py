@@ -24,6 +24,7 @@ from .client_base import (
     NOT_GIVEN,
     BaseClient,
     NotGiven,
+    check_http_client,
     check_probe_interval,
     finish,
     read_failure,
@@ -101,6 +102,7 @@ class Client(BaseClient):
         fleet: Fleet | None = None,
         probe_interval_s: float | None = 2.0,
     ) -> None:
+        check_http_client(http_client, httpx2.Client, "Client")
         super().__init__(api_key, config, timeout, max_attempts, fleet)
         if probe_interval_s is not None:
             check_probe_interval(probe_interval_s)
@@ -307,6 +309,7 @@ class AsyncClient(BaseClient):
         probe_interval_s: float | None = 2.0,
         fleet: Fleet | None = None,
     ) -> None:
+        check_http_client(http_client, httpx2.AsyncClient, "AsyncClient")
         super().__init__(api_key, config, timeout, max_attempts, fleet)
         self._own_http = http_client is None
         self._http = http_client or async_http_client(_LIMITS)

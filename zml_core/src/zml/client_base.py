@@ -8,7 +8,6 @@ functions below end a call the same way for both. What differs between sync and 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -30,6 +29,7 @@ from .fleet import Fleet
 from .policy import Policy, PolicyRef, resolve_policy
 from .transport import map_transport_error, still_sending
 from .types import ChatCompletion, RoutingInfo
+from .validation import MAX_SECONDS, brief_repr
 from .watchdog import Watch
 
 if TYPE_CHECKING:
@@ -293,11 +293,26 @@ def validated_completion(data: dict[str, Any], routing: RoutingInfo, node_id: st
         ) from None
 
 
+def check_http_client(value: object, expected: type, kind: str) -> None:
+    """``http_client`` is None or an ``expected`` (``httpx2.Client`` for the sync client,
+    ``httpx2.AsyncClient`` for the async one)."""
+    if value is not None and not isinstance(value, expected):
+        other = "httpx2.AsyncClient" if expected is httpx2.Client else "httpx2.Client"
+        hint = f" (an {other} belongs to the other kind of zml client)" \
+            if type(value).__name__ == other.split(".")[1] else ""
+        raise InvalidRequestError(
+            f"http_client must be an httpx2.{expected.__name__} for a zml.{kind}, got "
+            f"{type(value).__name__}{hint}",
+            param="http_client",
+        )
+
+
 def check_probe_interval(interval_s: object) -> None:
     if isinstance(interval_s, bool) or not isinstance(interval_s, int | float) \
-            or not math.isfinite(interval_s) or interval_s <= 0:
+            or not 0 < interval_s <= MAX_SECONDS:  # NaN, infinity and huge ints included
         raise InvalidRequestError(
-            f"probe_interval_s must be a positive number of seconds or None, got {interval_s!r}",
+            f"probe_interval_s must be a positive number of seconds up to {MAX_SECONDS:.0f} "
+            f"(a year), or None, got {brief_repr(interval_s)}",
             param="probe_interval_s",
         )
 

@@ -441,7 +441,24 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             source=source,
         ) from None
     except tomllib.TOMLDecodeError as exc:
-        raise PolicyConfigError(f"{source} is not valid TOML: {exc}", source=source) from None
+        hint = "; the file starts with a UTF-8 byte-order mark (BOM): re-save it without one" \
+            if _starts_with_bom(path) else ""
+        raise PolicyConfigError(f"{source} is not valid TOML: {exc}{hint}",
+                                source=source) from None
+    except RecursionError:
+        raise PolicyConfigError(
+            f"{source} is nested too deeply to read (arrays or inline tables within each other "
+            "thousands of levels deep); a zml.toml needs a few levels at most",
+            source=source,
+        ) from None
+
+
+def _starts_with_bom(path: str | os.PathLike[str]) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(3) == b"\xef\xbb\xbf"
+    except OSError:
+        return False
 
 
 def load_registry(path: str | os.PathLike[str]) -> Registry:

@@ -352,20 +352,25 @@ def loads_limited(data: bytes | str, node_id: str, *, what: str = "a body") -> A
     Raises:
         NodeProtocolError: not JSON (or not UTF-8), or nested too deeply.
     """
+    # The errors are raised after the except blocks, so that no parser exception stays on them
+    # as __context__ (a JSONDecodeError keeps the whole body, which may quote the key sent).
     try:
         return _loads_bounded(data)
     except RecursionError:
+        deep = True
+    except ValueError:
+        deep = False
+    if deep:
         raise NodeProtocolError(
             f"node {node_id!r} sent {what} whose JSON nests more than {MAX_JSON_DEPTH} levels "
             "deep (zml.transport.MAX_JSON_DEPTH)",
             node_id=node_id,
-        ) from None
-    except ValueError:
-        shown = data[:200] if isinstance(data, bytes) else data[:200].encode(errors="replace")
-        raise NodeProtocolError(
-            f"node {node_id!r} sent {what} that is not JSON: {safe_detail(repr(shown))}",
-            node_id=node_id,
-        ) from None
+        )
+    shown = data[:200] if isinstance(data, bytes) else data[:200].encode(errors="replace")
+    raise NodeProtocolError(
+        f"node {node_id!r} sent {what} that is not JSON: {safe_detail(repr(shown))}",
+        node_id=node_id,
+    )
 
 
 def decode_completion(content: bytes, node_id: str) -> dict[str, Any]:

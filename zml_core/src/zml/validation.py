@@ -35,12 +35,15 @@ from .errors import InvalidRequestError, PolicyConfigError
 
 __all__ = [
     "MAX_REQUEST_DEPTH",
+    "MAX_SECONDS",
     "ROLES",
+    "brief_repr",
     "check_accelerator",
     "check_api_key",
     "check_json",
     "check_params",
     "check_policy_mapping",
+    "check_scale",
     "check_timeout",
     "check_timeouts",
     "encode_json",
@@ -361,11 +364,18 @@ def check_policy_mapping(policy: Mapping[Any, Any]) -> None:
 # --- timeouts ---------------------------------------------------------------------------------
 
 
+MAX_SECONDS = 365 * 24 * 3600.0
+"""The longest timeout or interval accepted (a year): longer ones are refused rather than
+overflow a thread wait or a socket timeout (None is the way to say "no limit")."""
+
+
 def check_timeout(value: object, param: str) -> float | None:
-    """``value`` as seconds: a positive finite number, or None (no limit).
+    """``value`` as seconds: a positive finite number up to :data:`MAX_SECONDS`, or None (no
+    limit).
 
     Raises:
-        InvalidRequestError: a bool, a non-number, zero, a negative number, NaN or infinity.
+        InvalidRequestError: a bool, a non-number, zero, a negative number, NaN, infinity or
+            more than :data:`MAX_SECONDS`.
     """
     if value is None:
         return None
@@ -374,7 +384,13 @@ def check_timeout(value: object, param: str) -> float | None:
             f"{param} must be a number of seconds or None, got {type(value).__name__}",
             param=param,
         )
-    seconds = float(value)
+    seconds = _seconds(value)
+    if seconds > MAX_SECONDS and not math.isinf(seconds):
+        raise InvalidRequestError(
+            f"{param} = {brief_repr(value)}: a timeout may be at most {MAX_SECONDS:.0f} s (a year); "
+            "pass None for no limit",
+            param=param,
+        )
     if math.isnan(seconds) or seconds <= 0:
         raise InvalidRequestError(
             f"{param} = {value!r}: a timeout must be a positive number of seconds (None: no "
@@ -386,6 +402,36 @@ def check_timeout(value: object, param: str) -> float | None:
             f"{param} = {value!r}: pass None for no limit, not infinity", param=param
         )
     return seconds
+
+
+def _seconds(value: int | float) -> float:
+    """``value`` as a float; an int too large for one counts as more than :data:`MAX_SECONDS`."""
+    try:
+        return float(value)
+    except OverflowError:
+        return MAX_SECONDS * 2
+
+
+def brief_repr(value: object) -> str:
+    """``repr(value)``, cut to 40 characters (a huge number or string in a message)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_scale(value: object, param: str, *, zero_ok: bool = True) -> float:
+    """``value`` as a finite number ``>= 0`` (``> 0`` unless ``zero_ok``): a time or rate
+    scale of the simulator and replay.
+
+    Raises:
+        InvalidRequestError: a bool, a non-number, NaN, infinity, or out of range.
+    """
+    ok = isinstance(value, int | float) and not isinstance(value, bool) \
+        and math.isfinite(value) and (value >= 0 if zero_ok else value > 0)
+    if not ok:
+        bound = ">= 0" if zero_ok else "> 0"
+        raise InvalidRequestError(f"{param} must be a finite number {bound}, got "
+                                  f"{brief_repr(value)}", param=param)
+    return float(value)  # type: ignore[arg-type]
 
 
 def check_timeouts(

@@ -201,8 +201,8 @@ class Watchdog:
                 following = self._heap.due(clock())
                 if following is None or following == math.inf:  # none, or endless ones
                     cond.wait()
-                else:
-                    cond.wait(max(0.0, following - clock()))
+                else:  # no wait longer than the platform allows (it would raise, and stop us)
+                    cond.wait(min(max(0.0, following - clock()), threading.TIMEOUT_MAX))
 
 
 class LoopWatchdog:

@@ -41,6 +41,7 @@ from zml.sim.model import BLOCK_TOKENS
 from zml.sim.replay import Outcome, ReplayFleet, ReplayRun
 from zml.sim.traces import Arrival
 from zml.sim.virtual import final_error_of
+from zml.validation import check_scale
 
 __all__ = ["PROMPT_OVERHEAD_TOKENS", "prompt_for", "replay_live"]
 
@@ -84,8 +85,8 @@ async def replay_live(
     ``policy``: the policy each request names (a row's own ``policy`` wins). Returns the row
     (module docs); ``wall_s`` is in ``run.extra``.
     """
-    if not rate_scale > 0 or not time_scale > 0:
-        raise ValueError("rate_scale and time_scale must be > 0")
+    check_scale(rate_scale, "rate_scale", zero_ok=False)
+    check_scale(time_scale, "time_scale", zero_ok=False)
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency!r}")
     gate = asyncio.Semaphore(concurrency)

@@ -54,6 +54,7 @@ from typing import Literal
 
 from zml.prefix import BLOCK_TOKENS, prompt_blocks
 from zml.sim.profiles import FamilyProfile
+from zml.validation import check_scale
 
 __all__ = [
     "BLOCK_TOKENS",
@@ -129,8 +130,7 @@ class NodeModel:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency!r}")
         if queue_size < 0:
             raise ValueError(f"queue_size must be >= 0, got {queue_size!r}")
-        if time_scale < 0:
-            raise ValueError(f"time_scale must be >= 0, got {time_scale!r}")
+        time_scale = check_scale(time_scale, "time_scale")
         self.profile = profile
         self.max_concurrency = max_concurrency
         self.queue_size = queue_size

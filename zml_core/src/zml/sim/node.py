@@ -46,6 +46,7 @@ from zml.sim.protocol import (
     plan_reply,
 )
 from zml.sim.spec import FaultSpec, SimNodeSpec
+from zml.validation import check_scale
 
 __all__ = ["SimNode", "SimStats", "SimulatedDrop"]
 
@@ -168,8 +169,7 @@ class SimNode:
     """
 
     def __init__(self, spec: SimNodeSpec, *, time_scale: float = 1.0) -> None:
-        if time_scale < 0:
-            raise ValueError(f"time_scale must be >= 0, got {time_scale!r}")
+        time_scale = check_scale(time_scale, "time_scale")
         self.spec = spec
         self.time_scale = time_scale
         self.model: NodeModel = NodeModel(spec.performance, spec.max_concurrency,

@@ -43,13 +43,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from zml.config import AcceleratorConfig, NodeConfig, Registry
+from zml.config import AcceleratorConfig, NodeConfig, Registry, suggest
+from zml.errors import InvalidRequestError
 from zml.fleet import EWMA_ALPHA
 from zml.plugins.default.cost import default_cost
 from zml.sim.from_config import node_profile
 from zml.sim.model import ModelRequest, NodeModel
 from zml.sim.traces import Arrival
 from zml.strategies import LATENCY_WINDOW, STRATEGIES, StrategyState
+from zml.validation import brief_repr
 
 __all__ = [
     "Outcome",
@@ -171,8 +173,14 @@ class StrategyRouter:
     once every one was tried)."""
 
     def __init__(self, name: str, seed: int = 0) -> None:
-        if name not in STRATEGIES:
-            raise KeyError(name)
+        if not isinstance(name, str) or name not in STRATEGIES:
+            hint = suggest(name, STRATEGIES) if isinstance(name, str) else None
+            raise InvalidRequestError(
+                f"unknown strategy {brief_repr(name)}"
+                + (f"; did you mean {hint!r}?" if hint else "")
+                + f" (known: {', '.join(sorted(STRATEGIES))})",
+                param="strategy",
+            )
         self.name = name
         self._choose = STRATEGIES[name]
         self._state = StrategyState()

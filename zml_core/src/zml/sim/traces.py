@@ -106,7 +106,14 @@ def detect_format(path: str | os.PathLike[str]) -> TraceFormat:
                     return "zml" if isinstance(first, dict) and "arrival_ms" in first else "mooncake"
     except OSError as exc:
         raise _fail(p, None, None, f"cannot read the trace ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(p, exc) from None
     raise _fail(p, None, None, "the trace is empty")
+
+
+def _not_utf8(path: str, exc: UnicodeDecodeError) -> TraceError:
+    return _fail(path, None, None, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} cannot "
+                 "be decoded); a trace must be UTF-8 CSV or JSON lines: re-save it as UTF-8")
 
 
 def read_trace(
@@ -136,14 +143,18 @@ def read_trace(
 
 def _checked(path: str, rows: Iterator[tuple[int, Arrival]], limit: int | None) -> Iterator[Arrival]:
     last = 0.0
-    for count, (line, arrival) in enumerate(rows):
-        if limit is not None and count >= limit:
-            return
-        if arrival.arrival_s < last:
-            raise _fail(path, line, "arrival", f"time {arrival.arrival_s:.3f} s goes back "
-                        f"before the previous row's {last:.3f} s; rows must be in arrival order")
-        last = arrival.arrival_s
-        yield replace(arrival, index=count)
+    try:
+        for count, (line, arrival) in enumerate(rows):
+            if limit is not None and count >= limit:
+                return
+            if arrival.arrival_s < last:
+                raise _fail(path, line, "arrival", f"time {arrival.arrival_s:.3f} s goes back "
+                            f"before the previous row's {last:.3f} s; rows must be in arrival "
+                            "order")
+            last = arrival.arrival_s
+            yield replace(arrival, index=count)
+    except UnicodeDecodeError as exc:
+        raise _not_utf8(path, exc) from None
 
 
 def _int(path: str, line: int, field: str, value: Any, minimum: int) -> int:
