@@ -227,3 +227,17 @@ def test_an_unparsable_url_is_a_clear_error() -> None:
 )
 def test_display_url_hides_everything_up_to_the_last_at(url: str, shown: str) -> None:
     assert display_url(url) == shown
+
+
+def test_a_zml_toml_nested_too_deeply_is_one_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "zml.toml"
+    path.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(zml.PolicyConfigError, match="nested too deeply to read"):
+        load_registry(path)
+
+
+def test_a_zml_toml_with_a_byte_order_mark_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "zml.toml"
+    path.write_bytes(b"\xef\xbb\xbf[accelerators.H100]\n")
+    with pytest.raises(zml.PolicyConfigError, match=r"byte-order mark \(BOM\): re-save it"):
+        load_registry(path)

@@ -178,3 +178,22 @@ def test_the_json_document_has_the_documented_schema():
     assert set(row["ttft_ms"]) == {"p50", "p90", "p99"} and set(row["e2e_ms"]) == {"p50", "p99"}
     assert row["ttft_ms"]["p50"] <= row["ttft_ms"]["p90"] <= row["ttft_ms"]["p99"]
     assert 0.0 <= row["slo_attainment"] <= 1.0 and row["slo_ms"] == 500
+
+
+def test_an_unknown_strategy_suggests_the_right_name():
+    import zml
+    from zml.sim.replay import StrategyRouter
+
+    with pytest.raises(zml.InvalidRequestError, match="did you mean 'round_robin'"):
+        StrategyRouter("round-robin")
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -1.0, "fast"])
+def test_a_bad_time_scale_is_refused(scale):
+    import zml
+    from zml.sim import SimNode
+    from zml.sim.spec import SimNodeSpec
+
+    with pytest.raises(zml.InvalidRequestError, match="time_scale must be a finite number"):
+        SimNode(SimNodeSpec(id="n", family="H100", models=("m",), max_concurrency=1),
+                time_scale=scale)

@@ -104,3 +104,12 @@ def test_a_missing_or_empty_file_is_a_clear_error(tmp_path):
     empty.write_text("\n")
     with pytest.raises(TraceError, match="empty"):
         read_trace(empty)
+
+
+@pytest.mark.parametrize("name", ["t.csv", "t.jsonl"])
+def test_a_trace_that_is_not_utf8_is_one_trace_error(tmp_path, name):
+    path = tmp_path / name
+    head = b"TIMESTAMP,ContextTokens,GeneratedTokens\n" if name.endswith(".csv") else b""
+    path.write_bytes(head + b'{"arrival_ms": 1, "x": "\xff"}\n')
+    with pytest.raises(TraceError, match="not UTF-8 text"):
+        list(read_trace(path))
