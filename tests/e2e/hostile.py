@@ -28,6 +28,7 @@ Behaviours (``NAME`` or ``NAME=ARG``):
 ``retry-after=VALUE``     429 with ``Retry-After: VALUE`` (``http-date``: a date 1 h ahead)
 ``retry-after-ms=VALUE``  429 with ``retry-after-ms: VALUE``
 ``redirect=CODE``         that 3xx status, Location with credentials in it
+``redirect-sse=CODE``     the same, with an event-stream body that would pass for an answer
 ``stall``                 read the request, then send nothing, ever
 ``stall-body``            send the headers of a JSON answer, then nothing
 """
@@ -272,6 +273,14 @@ async def _redirect(conn: _Conn, req: Request, arg: str) -> None:
     await conn.head(int(arg or 302), {"location": REDIRECT_TARGET, "content-length": "0"})
 
 
+async def _redirect_sse(conn: _Conn, req: Request, arg: str) -> None:
+    """A redirect whose body is an event stream, as a misconfigured proxy may send."""
+    await conn.head(int(arg or 302), {"location": REDIRECT_TARGET,
+                                      "content-type": "text/event-stream"})
+    await conn.event(req, chunk("hello", "stop"))
+    await conn.event(req, "[DONE]")
+
+
 async def _stall(conn: _Conn, req: Request, arg: str) -> None:
     await asyncio.Event().wait()
 
@@ -294,6 +303,7 @@ BEHAVIOURS: dict[str, Handler] = {
     "status": _status,
     "echo-key": _echo_key,
     "echo-key-on": _echo_key_on,
+    "redirect-sse": _redirect_sse,
     "retry-after": _retry_after,
     "retry-after-ms": _retry_after_ms,
     "redirect": _redirect,

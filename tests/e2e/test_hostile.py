@@ -12,6 +12,7 @@ zml.config); each fails today and must pass (and be unmarked) once wired.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import traceback
@@ -401,3 +402,43 @@ def test_a_key_a_plugin_sends_in_its_own_header_is_never_shown(
             json.dumps(getattr(info.value, "routing_context", None), default=str)]
     assert "[redacted]" in seen[0]
     assert not [text for text in seen + chain_texts(info.value) if PLUGIN_KEY in text]
+
+
+@pytest.mark.parametrize("behaviour", ["redirect=302", "redirect-sse=307"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_redirected_stream_is_reported_as_a_redirect_never_taken_as_the_answer(
+    hostile: HostileNode, tmp_path: Path, behaviour: str, kind: str
+) -> None:
+    config = write_config(tmp_path / "zml.toml", hostile, {"n-redir": behaviour})
+    code = behaviour.split("=")[1]
+
+    async def astream() -> list[Any]:
+        async with zml.AsyncClient(config=config, probe_interval_s=None) as client:
+            return [c async for c in client.infer_stream(MODEL, MSGS, policy="hostile")]
+
+    with pytest.raises(zml.NodeProtocolError, match=f"redirect \\(HTTP {code} to ") as info:
+        if kind == "sync":
+            with zml.Client(config=config) as client:
+                list(client.infer_stream(MODEL, MSGS, policy="hostile"))
+        else:
+            asyncio.run(astream())
+    assert "REDIRECT-PW" not in str(info.value)
+
+
+@pytest.mark.parametrize("behaviour", ["shape=choices-abc", "redirect=302", "deep"])
+def test_a_protocol_violation_is_not_retried_but_counts_against_the_node(
+    hostile: HostileNode, tmp_path: Path, behaviour: str
+) -> None:
+    config = write_config(tmp_path / "zml.toml", hostile, {"bad": behaviour, "ok": "ok"})
+    with zml.Client(config=config) as client:
+        with pytest.raises(zml.NodeProtocolError):
+            client.infer(MODEL, MSGS, policy="hostile")
+        assert hostile.requests_for("ok") == []  # not retried: the node may have done the work
+        bad = client.fleet.node("bad")
+        assert bad.health < 1.0 and bad.consecutive_failures == 1
+        # ... and, as any failing node, it is soon routed around (its health falls)
+        served = []
+        for _ in range(10):
+            with contextlib.suppress(zml.NodeProtocolError):
+                served.append(client.infer(MODEL, MSGS, policy="hostile").routing.node_id)
+        assert served and set(served) == {"ok"}

@@ -194,7 +194,7 @@ def open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
             request = op.request(http, target, watchdog)
             response = http.send(request, stream=True)
             op.arrived(response)
-            if response.status_code >= 400:
+            if response.status_code >= 300:  # an error, or a redirect zml does not follow
                 check_status(response.status_code, response.headers,
                              read_error_body(response), step.node.id, request.headers)
             op.started(request, response)
@@ -230,7 +230,7 @@ async def open_async(call: Call, http: httpx2.AsyncClient,
             request = op.request(http, target, deadlines)
             response = await http.send(request, stream=True)
             op.arrived(response)
-            if response.status_code >= 400:
+            if response.status_code >= 300:  # an error, or a redirect zml does not follow
                 check_status(response.status_code, response.headers,
                              await aread_error_body(response), step.node.id, request.headers)
             op.started(request, response)

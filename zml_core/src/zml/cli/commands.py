@@ -154,7 +154,8 @@ def policy_check(config: str | None) -> int:
 
 
 def fleet_status(config: str | None) -> int:
-    """Probe every node and show health, load and circuit state."""
+    """Probe every node (its ``/health`` and ``/metrics``) and show whether it is up and its
+    load; circuit state is a client's own, in ``client.fleet.status()``."""
     console = stdout_console()
     with _client(config) as client, httpx2.Client() as http:
         results = {r.node_id: r for r in Prober(client.fleet).probe_all(http)}

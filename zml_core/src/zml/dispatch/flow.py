@@ -16,8 +16,10 @@ Failover rules (the contract):
   then; if it is the only candidate left and the time falls within the deadline, the call
   waits and tries it again. Rate limiting is load, not ill health: the node is not marked.
 * A failure that is not the node's doing (``NodeError.node_fault`` False: a bad header value
-  from this client, say) and 400, 401, 403, 404 and 422 are never retried: the typed error is
-  raised at once, and the node is not marked.
+  from this client, say) and 400, 401, 403, 404, 422 (and other 4xx) are never retried: the
+  typed error is raised at once, and the node is not marked. A protocol violation (a
+  malformed answer, a redirect, a body too deep or too large) is not retried either (the node
+  may have done the work), but it is the node's doing: the node is marked.
 * After the first token, nothing is retried: a broken stream raises IncompleteStreamError.
 * When attempts run out, :class:`RoutingError` with ``final_error`` ``"attempts_exhausted"``
   (context key ``attempts``), chained from the last node error.
@@ -51,6 +53,7 @@ from typing import Any, NamedTuple
 from .. import routing
 from ..errors import (
     NodeError,
+    NodeStatusError,
     NodeTimeoutError,
     RateLimitError,
     RoutingError,
@@ -416,6 +419,11 @@ def _failed(req: Request, rec: Record, step: Step, exc: NodeError,
     )
     rec.attempts.append(attempt)
     if not exc.retryable or not exc.node_fault:
+        if exc.node_fault and not isinstance(exc, NodeStatusError):
+            # A protocol violation (a malformed answer, a redirect, a body too deep or too
+            # large): not retried, since the node may have done the work, but the node's
+            # doing, so it counts against its health like any other failure.
+            yield Mark(step.node, ok=False, now=now)
         # The request ends here, but this attempt failed like any other: plugins hear of it
         # (and the attempt count is the same whether the request ends served or failed).
         yield Notify("zml_attempt_failed", {"attempt": attempt, "error": exc})
