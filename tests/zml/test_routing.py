@@ -548,3 +548,23 @@ def test_an_unobserved_node_is_explored_with_an_optimistic_prior() -> None:
     fleet = Priors([Node("seen", ttft_ms=30.0), Node("new", ttft_ms=None)])
     chosen = {decision(policy, fleet, seed=s).node.id for s in range(20)}
     assert "new" in chosen
+
+
+def test_without_a_policy_the_prediction_is_the_one_a_policy_makes(tmp_path: typing.Any) -> None:
+    """The family's prior and the prompt's prefill, not the 200 ms test-double prior."""
+    import zml
+
+    path = tmp_path / "zml.toml"
+    path.write_text('[accelerators.H100]\n[[nodes]]\nid = "n1"\nfamily = "H100"\n'
+                    'url = "http://127.0.0.1:9"\nmodels = ["m"]\nmax_concurrency = 2\n')
+    with zml.Client(config=path, probe_interval_s=None) as client:
+        for text in ("hi", "word " * 8000):
+            messages = [{"role": "user", "content": text}]
+            with_policy = client.explain("m", messages, policy={"name": "p", "accelerator_chain": ["H100"]})
+            without = client.explain("m", messages)
+            pinned = client.explain("m", messages, accelerator="H100")
+            assert isinstance(with_policy, Decision) and isinstance(without, Decision)
+            assert isinstance(pinned, Decision)
+            assert without.predicted_ttft_ms == pytest.approx(with_policy.predicted_ttft_ms)
+            assert pinned.predicted_ttft_ms == pytest.approx(with_policy.predicted_ttft_ms)
+        assert without.predicted_ttft_ms > 100  # a 40,000-character prompt's prefill counts

@@ -213,7 +213,9 @@ class BaseClient:
 
         Args:
             model: the model name.
-            messages: the chat (optional; validated when given).
+            messages: the chat (optional): when given, validated, and the decision is the one
+                for this prompt (its prefill counts in ``predicted_ttft_ms``, its prefix under
+                ``affinity = "prefix"``), as ``infer`` would route it.
             policy: a Policy, a configured policy's name, or a dict (None: the 0.2 behaviour).
             accelerator: pin one family instead of a policy.
 
@@ -239,7 +241,7 @@ class BaseClient:
             raise InvalidRequestError(
                 "pass either policy= or accelerator=, not both", param="accelerator"
             )
-        return self._dispatcher.explain(resolved, model, accelerator)
+        return self._dispatcher.explain(resolved, model, accelerator, messages)
 
     def _call(
         self,

@@ -219,7 +219,6 @@ from .routing_families import (
     _IndexFound,
     _less_loaded,
     _p2c,
-    _predict,
     _RatioIndexed,
     _RatioScan,
     _saving,
@@ -229,6 +228,7 @@ from .routing_families import (
     affinity_bound,
     prompt_tokens_from_chars,
 )
+from .routing_index import base_key
 from .routing_types import (
     _ABOVE_HIGH_WATER,
     _CIRCUIT,
@@ -376,7 +376,8 @@ def route(
     """
     if policy is None:
         return _route_without_policy(
-            model, fleet, now, rng, pinned_family, exclude, health_threshold
+            model, fleet, now, rng, pinned_family, exclude, health_threshold,
+            prompt_tokens if prompt_tokens > 0 else 0,
         )
 
     mode = policy.cost_priority
@@ -483,6 +484,7 @@ def _route_without_policy(
     pinned_family: str | None,
     exclude: AbstractSet[str],
     threshold: float,
+    tokens: int = 0,
 ) -> Decision | NoRoute:
     families: Sequence[str] = (pinned_family,) if pinned_family is not None else fleet.families()
     family_index = getattr(fleet, "family_index", None)
@@ -545,6 +547,15 @@ def _route_without_policy(
         )
         for f, n, found, _, reason in scans
     )
+    # The prediction of the chosen node is the one a policy's walk makes (module docs): its
+    # base TTFT or its family's prior, the prefill ahead of it and of this prompt, the queue.
+    prior, ms_per_token = PRIOR_TTFT_MS, 0.0
+    family_prior = getattr(fleet, "family_prior", None)
+    if family_prior is not None:
+        prior, tps = family_prior(chosen_family)
+        if tps:
+            ms_per_token = 1000.0 / tps
     base = chosen.ttft_ms
-    return Decision(chosen, chosen_family, _predict(chosen), trace,
-                    PRIOR_TTFT_MS if base is None else base)
+    return Decision(chosen, chosen_family,
+                    base_key(chosen, prior, ms_per_token) + tokens * ms_per_token, trace,
+                    prior if base is None else base)

@@ -31,7 +31,6 @@ from .routing_types import (
     NEAR_BEST_MS,
     NEAR_BEST_SHARE,
     PRIOR_SERVICE_MS,
-    PRIOR_TTFT_MS,
     TIE_MS,
     FleetView,
     NodeView,
@@ -52,20 +51,6 @@ def _family_reason(n_over: int, n_lat: int, n_circ: int, n_health: int, n_excl: 
     if n_excl > top:
         reason = _EXCLUDED
     return reason
-
-
-def _predict(node: NodeView) -> float:
-    ttft = node.ttft_ms
-    if ttft is None:
-        ttft = PRIOR_TTFT_MS
-    load = node.load
-    mc = node.max_concurrency
-    if load < mc:
-        return ttft
-    service = node.service_ms
-    if service is None:
-        service = PRIOR_SERVICE_MS
-    return ttft + (load - mc + 1) * service / mc
 
 
 # The scan below is the hot path (a family can hold thousands of nodes): plain local variables,

@@ -18,6 +18,7 @@ from ..config import Registry, node_api_key, suggest
 from ..errors import InvalidRequestError
 from ..fleet import Fleet
 from ..policy import Policy
+from ..prefix import blocks_of_body
 from ..transport import auth_headers
 from ..validation import check_accelerator
 from .drivers import Call
@@ -123,10 +124,20 @@ class Dispatcher:
             )
 
     def explain(
-        self, policy: Policy | None, model: str, accelerator: str | None = None
+        self, policy: Policy | None, model: str, accelerator: str | None = None,
+        messages: object = None,
     ) -> routing.Decision | routing.NoRoute:
-        """The decision routing would make now, without reserving anything."""
+        """The decision routing would make now, without reserving anything; with
+        ``messages``, for that prompt (its prefill, and its prefix under ``affinity =
+        "prefix"``), as ``infer`` would route it."""
         self.check_accelerator(accelerator)
+        tokens = 0
+        blocks: tuple[str, ...] = ()
+        if messages is not None:
+            body, chars = build_body(model, messages, {}, stream=False)
+            tokens = routing.prompt_tokens_from_chars(chars)
+            if policy is not None and policy.affinity == "prefix":
+                blocks = blocks_of_body(body)
         fleet = self.fleet
         with fleet.lock:
             now = self.clock()
@@ -134,6 +145,7 @@ class Dispatcher:
             return routing.route(
                 policy, model, fleet, now=now, rng=self.rng, pinned_family=accelerator,
                 health_threshold=policy.health_threshold if policy is not None else 0.5,
+                prompt_tokens=tokens, prefix_blocks=blocks,
             )
 
     def close(self, kind: str = "client") -> None:
