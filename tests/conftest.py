@@ -47,6 +47,12 @@ def _no_zml_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+def _toml_key(name: str) -> str:
+    """A table name as TOML writes it: bare when it can be, else quoted."""
+    bare = name and all(c.isascii() and (c.isalnum() or c in "-_") for c in name)
+    return name if bare else json.dumps(name, ensure_ascii=False)
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -67,7 +73,7 @@ def render_config(
     """A zml.toml text for the given tables (scalars, lists and one nested ``sim`` table)."""
     out: list[str] = []
     for name, table in families.items():
-        out.append(f"[accelerators.{name}]")
+        out.append(f"[accelerators.{_toml_key(name)}]")
         out += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
         out.append("")
     for node in nodes:
@@ -82,7 +88,7 @@ def render_config(
                 out += [f"{k} = {_toml_value(v)}" for k, v in sim["faults"].items()]
         out.append("")
     for name, table in (policies or {}).items():
-        out.append(f"[policies.{name}]")
+        out.append(f"[policies.{_toml_key(name)}]")
         out += [f"{k} = {_toml_value(v)}" for k, v in table.items()]
         out.append("")
     return "\n".join(out)

@@ -103,8 +103,10 @@ class Gateway:
         """Whether a non-chat ``/v1`` request may proceed."""
         if not self.keys.enabled:
             return True
-        header = request.headers.get("authorization")
-        return self.keys.authenticate(None if header is None else header.encode("latin-1")) \
+        given = request.headers.getlist("authorization")
+        if len(given) > 1:  # two keys at once: which one a proxy in front checked is unknown
+            return False
+        return self.keys.authenticate(given[0].encode("latin-1") if given else None) \
             is not None
 
 

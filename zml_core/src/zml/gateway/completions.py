@@ -37,6 +37,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from zml.dispatch.request import OPENAI_PARAMS
 from zml.errors import InvalidRequestError
@@ -225,12 +226,22 @@ class ChatCompletions:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gateway
         started = time.perf_counter()
-        authorization = policy_header = None
+        authorization = policy_header = content_type = None
+        repeated: str | None = None
         for name, value in scope["headers"]:
             if name == b"authorization":
+                repeated = repeated or ("Authorization" if authorization is not None else None)
                 authorization = value
             elif name == b"x-zml-policy":
+                repeated = repeated or ("x-zml-policy" if policy_header is not None else None)
                 policy_header = value
+            elif name == b"content-type":
+                content_type = value
+        if repeated is not None:
+            gw.metrics.finished(None, "", "", "invalid_request", False, 0.0)
+            await send_error(send, invalid_request(
+                f"the request has more than one {repeated} header: send one", repeated.lower()))
+            return
         key: GatewayKey | None = None
         if gw.keys.enabled:
             key = gw.keys.authenticate(authorization)
@@ -242,6 +253,10 @@ class ChatCompletions:
                     code="invalid_api_key", headers=[(b"www-authenticate", b"Bearer")],
                     outcome="unauthorized"))
                 return
+        if content_type is not None and not _json_type(content_type):
+            gw.metrics.finished(None, "", "", "invalid_request", False, 0.0)
+            await send_error(send, _not_json(content_type))
+            return
         settings = gw.settings
         try:
             body = await _read_body(receive, settings.max_body_bytes, settings.body_timeout_s)
@@ -266,7 +281,7 @@ class ChatCompletions:
             gw.metrics.finished(None, "", "", request.outcome, False, 0.0)
             await send_error(send, request)
             return
-        header_policy = None if policy_header is None else policy_header.decode("latin-1")
+        header_policy = None if policy_header is None else header_text(policy_header)
         selection = gw.selector.select(request.model, header_policy)
         if isinstance(selection, ErrorReply):
             # Not the header's value as a label: clients must not grow the metrics at will.
@@ -388,6 +403,34 @@ class ChatCompletions:
             outcome.kind = "ok"
         finally:
             await stream.__aexit__(None, None, None)
+
+
+def _json_type(content_type: bytes) -> bool:
+    """Whether a request's Content-Type declares JSON (``application/json``, ``...+json``).
+
+    Anything else is refused: a browser on any web page may send a "simple" cross-site POST
+    (``text/plain``, a form) to a gateway on this machine without asking first, but never one
+    declared JSON. A request with no Content-Type at all is read as JSON."""
+    kind = content_type.partition(b";")[0].strip().lower()
+    return kind == b"application/json" or kind.endswith(b"+json")
+
+
+def _not_json(content_type: bytes) -> ErrorReply:
+    shown = content_type.partition(b";")[0].strip().decode("latin-1")[:60] or "none"
+    return error_reply(
+        415, f"the request body must be JSON sent with Content-Type: application/json, not "
+        f"{shown!r} (with curl: -H 'Content-Type: application/json')", "invalid_request_error",
+        code="unsupported_media_type", outcome="invalid_request")
+
+
+def header_text(value: bytes) -> str:
+    """A request header's value as text: UTF-8 (else Latin-1), percent-decoded when it holds
+    ``%``, the mirror of how the gateway sends a non-ASCII name (``x-zml-policy``)."""
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        text = value.decode("latin-1")
+    return unquote(text) if "%" in text else text
 
 
 def _closing_chunk(last: ChatCompletionChunk | None) -> bytes:

@@ -1,0 +1,81 @@
+"""Request headers the gateway reads: one ``Authorization`` and one ``x-zml-policy`` (two are
+refused, whatever their order), a body declared JSON (a browser's "simple" cross-site POST is
+refused), and a policy name outside ASCII, as UTF-8 or as the gateway itself sends it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from urllib.parse import quote
+
+import httpx2
+import pytest
+
+from tests.conftest import MODEL
+
+from .conftest import GATEWAY_KEY, GatewayServer
+
+Make = Callable[..., GatewayServer]
+MSGS = [{"role": "user", "content": "hi"}]
+BODY = json.dumps({"model": MODEL, "messages": MSGS, "max_tokens": 2}).encode()
+NODES = [{"id": "h100-1", "family": "H100", "max_concurrency": 4}]
+POLICIES = {"prod": {"accelerator_chain": ["H100"]}, "batch-é": {"accelerator_chain": ["H100"]}}
+KEYED = '[gateway]\ndefault_policy = "prod"\napi_keys_env = "GW_KEYS"'
+
+
+@pytest.fixture
+def keyed(serve_gateway: Make) -> GatewayServer:
+    return serve_gateway(NODES, POLICIES, gateway=KEYED, environ={"GW_KEYS": GATEWAY_KEY})
+
+
+def _post(gw: GatewayServer, headers: list[tuple[str, bytes]]) -> httpx2.Response:
+    return httpx2.post(f"{gw.base_url}/chat/completions", content=BODY, headers=headers,
+                       timeout=30)
+
+
+@pytest.mark.parametrize("order", ["good-first", "bad-first"])
+def test_two_authorization_headers_are_refused_in_either_order(keyed: GatewayServer,
+                                                               order: str) -> None:
+    pair = [("authorization", f"Bearer {GATEWAY_KEY}".encode()),
+            ("authorization", b"Bearer not-a-key")]
+    if order == "bad-first":
+        pair.reverse()
+    chat = _post(keyed, [*pair, ("content-type", b"application/json")])
+    assert chat.status_code == 400
+    assert "more than one Authorization header" in chat.json()["error"]["message"]
+    models = httpx2.get(f"{keyed.base_url}/models", headers=pair, timeout=30)
+    assert models.status_code == 401
+    one = [("authorization", f"Bearer {GATEWAY_KEY}".encode())]
+    assert _post(keyed, one).status_code == 200  # one key, no content-type: read as JSON
+    assert httpx2.get(f"{keyed.base_url}/models", headers=one, timeout=30).status_code == 200
+
+
+def test_two_policy_headers_are_refused(keyed: GatewayServer) -> None:
+    auth = ("authorization", f"Bearer {GATEWAY_KEY}".encode())
+    r = _post(keyed, [auth, ("x-zml-policy", b"prod"), ("x-zml-policy", b"batch-e")])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x-zml-policy"
+
+
+@pytest.mark.parametrize("kind", [b"text/plain", b"application/x-www-form-urlencoded",
+                                  b"multipart/form-data; boundary=x", b"text/plain;charset=UTF-8"])
+def test_a_body_not_declared_json_is_refused_with_415(serve_gateway: Make, kind: bytes) -> None:
+    """What a web page can make a browser send to a gateway on this machine, without CORS."""
+    open_gw = serve_gateway(NODES, POLICIES, gateway='[gateway]\ndefault_policy = "prod"')
+    r = _post(open_gw, [("content-type", kind), ("origin", b"http://evil.example")])
+    assert r.status_code == 415
+    error = r.json()["error"]
+    assert error["code"] == "unsupported_media_type" and "application/json" in error["message"]
+    assert open_gw.node("h100-1").stats.requests_total == 0
+    for ok in (b"application/json", b"application/json; charset=utf-8", b"application/x+json"):
+        assert _post(open_gw, [("content-type", ok)]).status_code == 200
+
+
+@pytest.mark.parametrize("sent", ["batch-é".encode(), quote("batch-é").encode(),
+                                  "batch-é".encode("latin-1")])
+def test_a_non_ascii_policy_name_is_chosen_as_utf8_or_percent_encoded(
+        keyed: GatewayServer, sent: bytes) -> None:
+    auth = ("authorization", f"Bearer {GATEWAY_KEY}".encode())
+    r = _post(keyed, [auth, ("x-zml-policy", sent)])
+    assert r.status_code == 200, r.text
+    assert r.json()["zml_routing"]["policy"] == "batch-é"
+    assert r.headers["x-zml-policy"] == quote("batch-é")  # what a client can send back
