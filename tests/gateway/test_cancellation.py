@@ -38,6 +38,15 @@ def cancelled_count(gw: GatewayServer) -> float:
                if s.name.endswith("_total") and s.labels["outcome"] == "cancelled")
 
 
+def cancelled_nodes(gw: GatewayServer) -> dict[str, float]:
+    """The ``cancelled`` count of each ``node`` label ("" for none)."""
+    out: dict[str, float] = {}
+    for s in gw.gateway.metrics.requests.collect()[0].samples:
+        if s.name.endswith("_total") and s.labels["outcome"] == "cancelled":
+            out[s.labels["node"]] = out.get(s.labels["node"], 0) + s.value
+    return out
+
+
 def settled(node: Any, aborted: int) -> Callable[[], bool]:
     def check() -> bool:
         s = node.stats
@@ -60,6 +69,7 @@ def test_leaving_a_stream_mid_way_aborts_the_node_request(serve_gateway: Make) -
     wait_for(lambda: gw.gateway.client.fleet.in_flight == 0, "the gateway to free its slot")
     wait_for(lambda: cancelled_count(gw) == 1, "the cancelled outcome")
     assert node.stats.completed_total == 0
+    assert cancelled_nodes(gw) == {"gpu": 1}
 
 
 async def test_leaving_a_json_request_while_it_generates_aborts_it(serve_gateway: Make) -> None:
@@ -73,6 +83,9 @@ async def test_leaving_a_json_request_while_it_generates_aborts_it(serve_gateway
     await until(settled(node, 1), "the node to abort the request")
     await until(lambda: gw.gateway.client.fleet.in_flight == 0, "the gateway's slot")
     assert node.stats.completed_total == 0
+    # counted under the node that had it, although no answer had started
+    await until(lambda: cancelled_count(gw) == 1, "the cancelled outcome")
+    assert cancelled_nodes(gw) == {"gpu": 1}
 
 
 async def test_leaving_while_queued_on_the_node_aborts_the_queued_request(

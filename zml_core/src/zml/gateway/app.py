@@ -43,7 +43,7 @@ from zml.config import Registry, discover_path, load_registry
 from zml.errors import PolicyConfigError, safe_detail
 
 from .auth import KeyRing
-from .completions import ChatCompletions
+from .completions import AttemptLabels, ChatCompletions
 from .errors import error_reply
 from .metrics import CONTENT_TYPE, GatewayMetrics
 from .request_id import ForwardRequestId, RequestIdMiddleware
@@ -145,6 +145,7 @@ def create_app(config: str | os.PathLike[str] | Registry | None = None, *,
     client = AsyncClient(env.get(NODE_KEY_ENV), config=registry,
                          probe_interval_s=probe_interval_s)
     client.plugins.register(ForwardRequestId(), name="zml-gateway-request-id")
+    client.plugins.register(AttemptLabels(), name="zml-gateway-attempt-labels")
     served = {model for node in client.registry.nodes for model in node.models}
     selector = Selector(settings, served, client.policies)
     selector.check(registry.source)

@@ -32,6 +32,7 @@ closes the node connection, which is how the node learns to drop the request.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import sys
 import time
@@ -39,6 +40,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+import zml
 from zml.dispatch.request import OPENAI_PARAMS
 from zml.errors import InvalidRequestError
 from zml.types import ChatCompletion, ChatCompletionChunk
@@ -48,10 +50,12 @@ from .headers import routing_headers, routing_json, with_routing
 from .selection import Selection
 
 if TYPE_CHECKING:
+    from zml.types import RoutingInfo
+
     from .app import Gateway
     from .auth import GatewayKey
 
-__all__ = ["ChatCompletions"]
+__all__ = ["SERVING", "AttemptLabels", "ChatCompletions", "Outcome"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -298,6 +302,7 @@ class ChatCompletions:
         watcher = asyncio.ensure_future(_watch(receive, task, guard))
         gw.metrics.in_flight.inc()
         outcome = Outcome(selection.policy)
+        token = SERVING.set(outcome)
         try:
             if request.stream:
                 await self._stream(request, selection, send, guard, started, outcome)
@@ -315,6 +320,7 @@ class ChatCompletions:
                 raise  # uvicorn logs it and closes the connection: nothing else can be sent
             await _refuse(exc, send, guard, outcome)
         finally:
+            SERVING.reset(token)
             guard.active = False
             watcher.cancel()
             gw.metrics.in_flight.dec()
@@ -433,6 +439,11 @@ def header_text(value: bytes) -> str:
     return unquote(text) if "%" in text else text
 
 
+SERVING: contextvars.ContextVar[Outcome | None] = contextvars.ContextVar(
+    "zml_gateway_outcome", default=None)
+"""The outcome of the request being served (its task and the zml call it makes share it)."""
+
+
 def _closing_chunk(last: ChatCompletionChunk | None) -> bytes:
     """A chunk with no choices, to carry ``zml_routing`` when no chunk was final."""
     head = {"id": "", "object": "chat.completion.chunk", "created": 0, "model": "",
@@ -440,6 +451,19 @@ def _closing_chunk(last: ChatCompletionChunk | None) -> bytes:
     if last is not None:
         head.update(id=last.id, created=last.created, model=last.model)
     return json.dumps(head, separators=(",", ":")).encode()
+
+
+class AttemptLabels:
+    """A plugin of the gateway's own client: each attempt's node becomes the request's metric
+    labels as it is sent, so that a request cancelled (or failed) mid-dispatch is counted under
+    the node that had it, not under an empty one."""
+
+    @zml.hookimpl
+    def zml_request_headers(self, routing: RoutingInfo) -> None:
+        """Record where the attempt goes on the request being served (if any)."""
+        outcome = SERVING.get()
+        if outcome is not None:
+            outcome.served(routing)
 
 
 class Outcome:
