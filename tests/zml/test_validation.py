@@ -278,7 +278,7 @@ def test_a_timeout_longer_than_a_year_is_refused(value: float) -> None:
 
 @pytest.mark.parametrize("value", [1e300, 10**400, math.nan, math.inf, 0, True])
 def test_a_bad_probe_interval_is_refused(value: Any) -> None:
-    with pytest.raises(zml.InvalidRequestError, match="probe_interval_s must be") as info:
+    with pytest.raises(zml.InvalidRequestError, match="probe_interval_s") as info:
         zml.Client(config=zml.config.Registry(), probe_interval_s=value)
     assert len(str(info.value)) < 200
 

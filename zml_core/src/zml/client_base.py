@@ -29,7 +29,7 @@ from .fleet import Fleet
 from .policy import Policy, PolicyRef, resolve_policy
 from .transport import map_transport_error, still_sending
 from .types import ChatCompletion, RoutingInfo
-from .validation import MAX_SECONDS, brief_repr
+from .validation import check_timeout
 from .watchdog import Watch
 
 if TYPE_CHECKING:
@@ -299,9 +299,9 @@ def check_http_client(value: object, expected: type, kind: str) -> None:
     """``http_client`` is None or an ``expected`` (``httpx2.Client`` for the sync client,
     ``httpx2.AsyncClient`` for the async one)."""
     if value is not None and not isinstance(value, expected):
-        other = "httpx2.AsyncClient" if expected is httpx2.Client else "httpx2.Client"
-        hint = f" (an {other} belongs to the other kind of zml client)" \
-            if type(value).__name__ == other.split(".")[1] else ""
+        other = httpx2.AsyncClient if expected is httpx2.Client else httpx2.Client
+        hint = f" (an httpx2.{other.__name__} belongs to the other kind of zml client)" \
+            if isinstance(value, other) else ""
         raise InvalidRequestError(
             f"http_client must be an httpx2.{expected.__name__} for a zml.{kind}, got "
             f"{type(value).__name__}{hint}",
@@ -310,13 +310,13 @@ def check_http_client(value: object, expected: type, kind: str) -> None:
 
 
 def check_probe_interval(interval_s: object) -> None:
-    if isinstance(interval_s, bool) or not isinstance(interval_s, int | float) \
-            or not 0 < interval_s <= MAX_SECONDS:  # NaN, infinity and huge ints included
+    """A probe interval follows the timeout rule (:func:`zml.validation.check_timeout`): a
+    positive number of seconds, at most a year."""
+    if interval_s is None:
         raise InvalidRequestError(
-            f"probe_interval_s must be a positive number of seconds up to {MAX_SECONDS:.0f} "
-            f"(a year), or None, got {brief_repr(interval_s)}",
-            param="probe_interval_s",
-        )
+            "probe_interval_s must be a number of seconds here (pass probe_interval_s=None to "
+            "the client instead, for no probing)", param="probe_interval_s")
+    check_timeout(interval_s, "probe_interval_s")
 
 
 def read_failure(exc: httpx2.HTTPError | NodeError, watch: Watch | None,

@@ -563,7 +563,7 @@ def without_secrets(value: Any, key: object = None) -> Any:
     :data:`NOT_SHOWN` for an ``api_key_env``/``api_keys_env`` that names no variable (it may
     be the key itself)."""
     if isinstance(value, str):
-        if key in _ENV_NAME_KEYS and not _ENV_NAME.fullmatch(value):
+        if key in _ENV_NAME_KEYS and env_name_problem(value) is not None:
             return NOT_SHOWN
         return display_url(value) if key == "url" or ("@" in value and ":" in value) else value
     if isinstance(value, Mapping):

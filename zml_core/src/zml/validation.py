@@ -385,7 +385,7 @@ def check_timeout(value: object, param: str) -> float | None:
             param=param,
         )
     seconds = _seconds(value)
-    if seconds > MAX_SECONDS and not math.isinf(seconds):
+    if seconds > MAX_SECONDS and (not math.isinf(seconds) or isinstance(value, int)):
         raise InvalidRequestError(
             f"{param} = {brief_repr(value)}: a timeout may be at most {MAX_SECONDS:.0f} s (a year); "
             "pass None for no limit",
@@ -405,11 +405,11 @@ def check_timeout(value: object, param: str) -> float | None:
 
 
 def _seconds(value: int | float) -> float:
-    """``value`` as a float; an int too large for one counts as more than :data:`MAX_SECONDS`."""
+    """``value`` as a float; an int too large for one is infinity (more than any limit)."""
     try:
         return float(value)
     except OverflowError:
-        return MAX_SECONDS * 2
+        return math.inf
 
 
 def brief_repr(value: object) -> str:
@@ -426,7 +426,7 @@ def check_scale(value: object, param: str, *, zero_ok: bool = True) -> float:
         InvalidRequestError: a bool, a non-number, NaN, infinity, or out of range.
     """
     ok = isinstance(value, int | float) and not isinstance(value, bool) \
-        and math.isfinite(value) and (value >= 0 if zero_ok else value > 0)
+        and math.isfinite(_seconds(value)) and (value >= 0 if zero_ok else value > 0)
     if not ok:
         bound = ">= 0" if zero_ok else "> 0"
         raise InvalidRequestError(f"{param} must be a finite number {bound}, got "

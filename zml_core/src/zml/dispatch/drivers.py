@@ -302,9 +302,8 @@ def _check_open(call: Call) -> None:
     call was stopped (before a wait, a lease, a send, and after a failed send): from then on
     nothing more is tried, and a failure is the closing's doing, so it neither fails over nor
     marks the node."""
-    kind = call.d.closed_by
-    if kind is not None:
-        raise closed_client(kind, in_flight=True) from None
+    if call.d.closed_by is not None:  # the open case costs one attribute read
+        raise cast("ClientConfigError", call.closed()) from None
     if call.stopped:
         raise CallStopped from None
 

@@ -89,7 +89,6 @@ def _listen(host: str, port: int) -> Iterator[socket.socket]:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         sock.listen(2048)
-        sock.set_inheritable(True)  # uvicorn's worker processes serve on it
     except OSError as exc:
         sock.close()
         why = "the port is already in use (another `zml serve`, or another server?)" \
