@@ -17,7 +17,13 @@ import pytest
 
 import zml
 from tests.conftest import MODEL
-from zml.connections import NodePools, _readable, async_http_client
+from zml.connections import (
+    _HOLD_MAX,
+    NodePools,
+    SyncNodePools,
+    _readable,
+    async_http_client,
+)
 
 NODES = [{"id": "h100-a", "family": "H100", "max_concurrency": 4}]
 MSGS = [{"role": "user", "content": "hello"}]
@@ -148,3 +154,117 @@ def test_an_async_client_serves_one_asyncio_run_after_another(sim_fleet: Any) ->
     assert client.fleet.in_flight == 0
     assert setup.node("h100-a").stats.completed_total == 6
     asyncio.run(client.aclose())
+
+
+class _Writes:
+    """Wraps a pool's real network backend: counts the ``write`` calls its streams get."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.sizes: list[int] = []
+
+    def _stream(self, stream: Any) -> Any:
+        sizes = self.sizes
+        write = stream.write
+
+        if asyncio.iscoroutinefunction(write):
+            async def awrite(buffer: bytes, timeout: float | None = None) -> None:
+                sizes.append(len(buffer))
+                await write(buffer, timeout)
+            stream.write = awrite
+        else:
+            def swrite(buffer: bytes, timeout: float | None = None) -> None:
+                sizes.append(len(buffer))
+                write(buffer, timeout)
+            stream.write = swrite
+        return stream
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> Any:
+        made = self.inner.connect_tcp(*args, **kwargs)
+        if asyncio.iscoroutine(made):
+            async def connected() -> Any:
+                return self._stream(await made)
+            return connected()
+        return self._stream(made)
+
+
+def _count_writes(pools: NodePools | SyncNodePools, url: str) -> _Writes:
+    backend = pools._pool(httpx2.URL(url))._pool._network_backend  # type: ignore[attr-defined]
+    writes = _Writes(backend._inner)
+    backend._inner = writes
+    return writes
+
+
+@pytest.mark.parametrize("size", [100, 3 * _HOLD_MAX])
+async def test_the_async_pools_send_a_request_in_one_write_up_to_64_kib(
+    sim_fleet: Any, size: int
+) -> None:
+    # httpcore2 writes headers, body and the body's end apart: three sends on the wire.
+    setup = sim_fleet(NODES, time_scale=0.01)
+    pools = NodePools(httpx2.Limits(max_keepalive_connections=8))
+    http = httpx2.AsyncClient(transport=pools)
+    pools._moved(asyncio.get_running_loop())  # (pools start afresh on a new loop)
+    writes = _count_writes(pools, setup.fleet.url("h100-a"))
+    async with zml.AsyncClient(config=setup.path, http_client=http, probe_interval_s=None) \
+            as client:
+        msgs = [{"role": "user", "content": "x" * size}]
+        for _ in range(2):
+            answer = await client.infer(MODEL, msgs, max_tokens=3)
+            assert answer.choices[0].message.content  # the node read the whole body
+        chunks = [c async for c in client.infer_stream(MODEL, msgs, max_tokens=3)]
+        assert len(chunks) >= 3
+    await http.aclose()
+    if size < _HOLD_MAX:
+        assert len(writes.sizes) == 3 and min(writes.sizes) > size
+    else:  # the headers, then the large body as it is (not copied)
+        assert len(writes.sizes) == 6
+        assert max(writes.sizes[0::2]) < 1024 and min(writes.sizes[1::2]) > size
+
+
+def test_the_sync_pools_send_a_request_in_one_write(sim_fleet: Any) -> None:
+    setup = sim_fleet(NODES, time_scale=0.01)
+    pools = SyncNodePools(httpx2.Limits(max_keepalive_connections=8))
+    writes = _count_writes(pools, setup.fleet.url("h100-a"))
+    with httpx2.Client(transport=pools) as http, \
+            zml.Client(config=setup.path, http_client=http, probe_interval_s=None) as client:
+        for _ in range(3):
+            assert client.infer(MODEL, MSGS, max_tokens=3).choices[0].message.content
+        assert len(list(client.infer_stream(MODEL, MSGS, max_tokens=3))) >= 3
+    assert len(writes.sizes) == 4
+
+
+class _Refusing:
+    """A network stream whose writes fail (the node closed) but which has an answer to read."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.writes = 0
+
+    def get_extra_info(self, info: str) -> Any:
+        return None
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        import httpcore2
+
+        self.writes += 1
+        raise httpcore2.WriteError("broken pipe")
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        answer, self.answer = self.answer, b""
+        return answer
+
+
+async def test_a_held_request_that_cannot_be_sent_still_reads_the_nodes_answer() -> None:
+    # As httpcore2 passes over a failed write (a node may answer, say 413, and close before
+    # it reads the whole request), so does the send that a held request makes at the read.
+    from zml.connections import _FastStream
+
+    inner = _Refusing(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\n\r\n")
+    stream = _FastStream(inner, NodePools(httpx2.Limits())._sending)
+    await stream.write(b"POST / HTTP/1.1\r\n\r\n")
+    await stream.write(b"{}")
+    assert inner.writes == 0
+    assert (await stream.read(4096)).startswith(b"HTTP/1.1 413")
+    assert inner.writes == 1
+    assert await stream.read(4096) == b""  # later reads go straight to the stream
+    assert inner.writes == 1

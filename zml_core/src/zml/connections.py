@@ -11,7 +11,13 @@ cost grew with concurrency and with the number of nodes. Here:
   so a pool's scan covers only one node's connections; all of them share one TLS context,
   built the first time an ``https`` node is used (a fleet of ``http`` nodes never builds one);
 * each pool's network backend is wrapped by :class:`_FastBackend`, whose streams answer
-  ``socket`` and ``is_readable`` from the socket remembered at connect time (one ``poll``).
+  ``socket`` and ``is_readable`` from the socket remembered at connect time (one ``poll``);
+* a request goes out in one write: httpcore2 writes its headers, its body and the body's end
+  separately, and each write is a ``send`` (and, through anyio, a cancel scope) of its own, on
+  loopback some 30-40 us of CPU each. The streams of both kinds of pools hold what is written
+  (:class:`_Held`) and send it with the first read of the response, or as soon as 64 KiB are
+  held; a chunk of 64 KiB or more is sent as it is (a large body is not copied). A failed send at that read is passed over as
+  httpcore2 passes over a failed write: the node may have answered before it closed.
 
 Both kinds of pools (sync and async) also record, in the extensions of each request they send,
 the network stream it goes out on (``network_stream``, the key httpcore2 uses for the
@@ -28,6 +34,7 @@ module at all: :func:`async_http_client` then builds a plain ``httpx2.AsyncClien
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import select
 import ssl
@@ -51,8 +58,8 @@ def sync_http_client(limits: httpx2.Limits) -> httpx2.Client:
     """The sync client's own HTTP client: per-node pools unless a proxy is configured.
 
     httpcore2's sync backend answers its liveness question cheaply already; what the sync
-    client gains is the per-node scan and no TLS context for a fleet of ``http`` nodes
-    (loading the CA bundle is a good part of a first request's cost).
+    client gains is the per-node scan, a request sent in one write, and no TLS context for a
+    fleet of ``http`` nodes (loading the CA bundle is a good part of a first request's cost).
     """
     if urllib.request.getproxies():
         return httpx2.Client(limits=limits)
@@ -99,19 +106,58 @@ def _backend_types() -> tuple[type, type, type, type] | None:
 
 _TYPES = _backend_types()
 
+_HOLD_MAX = 64 * 1024
+"""Held request bytes beyond which they are sent at once (see :class:`_Held`)."""
+
+
+class _Held:
+    """The request bytes a stream was asked to write and has not sent yet.
+
+    httpcore2 writes a request (headers, then each body chunk, then the body's end) before it
+    reads any of the response, on an HTTP/1.1 connection that carries one request at a time;
+    so holding the writes until the first read sends the request whole, and changes nothing
+    the node sees but the number of packets.
+    """
+
+    __slots__ = ("parts", "size", "timeout")
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.timeout: float | None = None
+
+    def add(self, buffer: bytes, timeout: float | None) -> bool:
+        """Hold ``buffer``; whether the held bytes may wait for the read (False: send now)."""
+        self.parts.append(buffer)
+        self.size += len(buffer)
+        self.timeout = timeout  # the write timeout of the request's last write
+        return self.size < _HOLD_MAX
+
+    def take(self) -> bytes:
+        """The held bytes, as one buffer (and hold nothing)."""
+        parts = self.parts
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        self.parts = []
+        self.size = 0
+        return data
+
 
 if _TYPES is not None:
+    from httpcore2 import WriteError as _WriteError
+
     _Backend, _StreamBase, _SyncBackendBase, _SyncStreamBase = _TYPES
 
     class _FastStream(_StreamBase):  # type: ignore[misc, valid-type]
-        """A network stream that remembers its socket and records the requests it sends (the
-        rest is the wrapped stream's)."""
+        """A network stream that remembers its socket, records the requests it sends and sends
+        each in one write (the rest is the wrapped stream's)."""
 
         def __init__(self, inner: Any, sending: _Sending) -> None:
             self._inner = inner
             self._sending = sending
             self._sock = inner.get_extra_info("socket")
-            # Reads go straight to the wrapped stream (no extra coroutine per read).
+            self._held = _Held()
+            # Reads go straight to the wrapped stream (no extra coroutine per read) unless
+            # written bytes are held (then the read sends them first).
             self.read = inner.read  # type: ignore[method-assign]
 
         async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
@@ -120,7 +166,27 @@ if _TYPES is not None:
 
         async def write(self, buffer: bytes, timeout: float | None = None) -> None:
             _note(self._sending, self)
-            await self._inner.write(buffer, timeout)
+            if not buffer:
+                return
+            if len(buffer) >= _HOLD_MAX:  # a large chunk goes as it is, after what is held
+                if self._held.parts:
+                    await self._send_held()
+                await self._inner.write(buffer, timeout)
+            elif self._held.add(buffer, timeout):
+                self.read = self._send_then_read  # type: ignore[method-assign]
+            else:
+                await self._send_held()
+
+        async def _send_held(self) -> None:
+            self.read = self._inner.read  # type: ignore[method-assign]
+            timeout = self._held.timeout
+            await self._inner.write(self._held.take(), timeout)
+
+        async def _send_then_read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            with contextlib.suppress(_WriteError):  # see the module's docstring
+                await self._send_held()
+            data: bytes = await self._inner.read(max_bytes, timeout)
+            return data
 
         async def aclose(self) -> None:
             await self._inner.aclose()
@@ -160,12 +226,13 @@ if _TYPES is not None:
             await self._inner.sleep(seconds)
 
     class _NotingStream(_SyncStreamBase):  # type: ignore[misc, valid-type]
-        """A sync network stream that records the requests it sends (the rest is the wrapped
-        stream's; reads go straight to it)."""
+        """A sync network stream that records the requests it sends and sends each in one
+        write (the rest is the wrapped stream's)."""
 
         def __init__(self, inner: Any, sending: _Sending) -> None:
             self._inner = inner
             self._sending = sending
+            self._held = _Held()
             self.read = inner.read  # type: ignore[method-assign]
 
         def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
@@ -174,7 +241,27 @@ if _TYPES is not None:
 
         def write(self, buffer: bytes, timeout: float | None = None) -> None:
             _note(self._sending, self)
-            self._inner.write(buffer, timeout)
+            if not buffer:
+                return
+            if len(buffer) >= _HOLD_MAX:  # a large chunk goes as it is, after what is held
+                if self._held.parts:
+                    self._send_held()
+                self._inner.write(buffer, timeout)
+            elif self._held.add(buffer, timeout):
+                self.read = self._send_then_read  # type: ignore[method-assign]
+            else:
+                self._send_held()
+
+        def _send_held(self) -> None:
+            self.read = self._inner.read  # type: ignore[method-assign]
+            timeout = self._held.timeout
+            self._inner.write(self._held.take(), timeout)
+
+        def _send_then_read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            with contextlib.suppress(_WriteError):  # see the module's docstring
+                self._send_held()
+            data: bytes = self._inner.read(max_bytes, timeout)
+            return data
 
         def close(self) -> None:
             self._inner.close()
