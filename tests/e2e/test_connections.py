@@ -157,35 +157,40 @@ def test_an_async_client_serves_one_asyncio_run_after_another(sim_fleet: Any) ->
 
 
 class _Writes:
-    """Wraps a pool's real network backend: counts the ``write`` calls its streams get."""
+    """Wraps a pool's real network backend and records what its connections send: ``sizes``,
+    the buffers handed to the socket's writer (the asyncio transport of an async stream, the
+    sync stream's ``write``), and ``through_anyio``, those written through anyio's stream."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.sizes: list[int] = []
+        self.through_anyio: list[int] = []
 
-    def _stream(self, stream: Any) -> Any:
-        sizes = self.sizes
-        write = stream.write
-
+    def _recording(self, write: Callable[..., Any], into: list[int]) -> Callable[..., Any]:
         if asyncio.iscoroutinefunction(write):
-            async def awrite(buffer: bytes, timeout: float | None = None) -> None:
-                sizes.append(len(buffer))
-                await write(buffer, timeout)
-            stream.write = awrite
-        else:
-            def swrite(buffer: bytes, timeout: float | None = None) -> None:
-                sizes.append(len(buffer))
-                write(buffer, timeout)
-            stream.write = swrite
-        return stream
+            async def awrite(buffer: bytes, *args: Any) -> None:
+                into.append(len(buffer))
+                await write(buffer, *args)
+            return awrite
+
+        def swrite(buffer: bytes, *args: Any) -> None:
+            into.append(len(buffer))
+            write(buffer, *args)
+        return swrite
 
     def connect_tcp(self, *args: Any, **kwargs: Any) -> Any:
         made = self.inner.connect_tcp(*args, **kwargs)
-        if asyncio.iscoroutine(made):
-            async def connected() -> Any:
-                return self._stream(await made)
-            return connected()
-        return self._stream(made)
+        if not asyncio.iscoroutine(made):
+            made.write = self._recording(made.write, self.sizes)
+            return made
+
+        async def connected() -> Any:
+            stream = await made
+            transport = stream._stream._transport  # anyio's SocketStream's asyncio transport
+            transport.write = self._recording(transport.write, self.sizes)
+            stream.write = self._recording(stream.write, self.through_anyio)
+            return stream
+        return connected()
 
 
 def _count_writes(pools: NodePools | SyncNodePools, url: str) -> _Writes:
@@ -199,7 +204,8 @@ def _count_writes(pools: NodePools | SyncNodePools, url: str) -> _Writes:
 async def test_the_async_pools_send_a_request_in_one_write_up_to_64_kib(
     sim_fleet: Any, size: int
 ) -> None:
-    # httpcore2 writes headers, body and the body's end apart: three sends on the wire.
+    # httpcore2 writes headers, body and the body's end apart (each through anyio's send,
+    # with its checkpoints): here a request up to 64 KiB is one write to the transport.
     setup = sim_fleet(NODES, time_scale=0.01)
     pools = NodePools(httpx2.Limits(max_keepalive_connections=8))
     http = httpx2.AsyncClient(transport=pools)
@@ -216,9 +222,11 @@ async def test_the_async_pools_send_a_request_in_one_write_up_to_64_kib(
     await http.aclose()
     if size < _HOLD_MAX:
         assert len(writes.sizes) == 3 and min(writes.sizes) > size
-    else:  # the headers, then the large body as it is (not copied)
+        assert writes.through_anyio == []  # written to the transport directly
+    else:  # the headers, then the large body as it is (not copied), through anyio
         assert len(writes.sizes) == 6
         assert max(writes.sizes[0::2]) < 1024 and min(writes.sizes[1::2]) > size
+        assert writes.through_anyio == writes.sizes[1::2]
 
 
 def test_the_sync_pools_send_a_request_in_one_write(sim_fleet: Any) -> None:
@@ -268,3 +276,62 @@ async def test_a_held_request_that_cannot_be_sent_still_reads_the_nodes_answer()
     assert inner.writes == 1
     assert await stream.read(4096) == b""  # later reads go straight to the stream
     assert inner.writes == 1
+
+
+class _Transport(asyncio.WriteTransport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[bytes] = []
+        self.closing = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.sent.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+class _AnyioLike:
+    """The shape of httpcore2's anyio stream over anyio's SocketStream, with a fake transport."""
+
+    def __init__(self) -> None:
+        self._stream = type("SocketStream", (), {})()
+        self._stream._transport = _Transport()
+        self._stream._protocol = type("Protocol", (), {"exception": None})()
+        self._stream._protocol.write_event = asyncio.Event()
+        self._stream._protocol.write_event.set()
+        self.through_anyio: list[bytes] = []
+
+    def get_extra_info(self, info: str) -> Any:
+        return None
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.through_anyio.append(buffer)
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return b"HTTP/1.1 200 OK\r\n"
+
+
+async def test_a_held_request_goes_through_anyio_when_the_transport_cannot_take_it_now() -> None:
+    from zml.connections import _FastStream
+
+    inner = _AnyioLike()
+    transport = inner._stream._transport
+    protocol = inner._stream._protocol
+    stream = _FastStream(inner, NodePools(httpx2.Limits())._sending)
+
+    async def request() -> None:
+        await stream.write(b"GET / HTTP/1.1\r\n\r\n")
+        assert await stream.read(4096)
+
+    await request()  # the transport takes writes: one write, straight to it
+    assert transport.sent == [b"GET / HTTP/1.1\r\n\r\n"] and inner.through_anyio == []
+    protocol.write_event.clear()  # paused (its buffer is full): anyio's send waits for it
+    await request()
+    protocol.write_event.set()
+    transport.closing = True  # closing: anyio's send says so (a WriteError)
+    await request()
+    protocol.exception = ConnectionResetError()
+    transport.closing = False
+    await request()
+    assert len(transport.sent) == 1 and len(inner.through_anyio) == 3

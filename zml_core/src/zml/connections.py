@@ -13,10 +13,12 @@ cost grew with concurrency and with the number of nodes. Here:
 * each pool's network backend is wrapped by :class:`_FastBackend`, whose streams answer
   ``socket`` and ``is_readable`` from the socket remembered at connect time (one ``poll``);
 * a request goes out in one write: httpcore2 writes its headers, its body and the body's end
-  separately, and each write is a ``send`` (and, through anyio, a cancel scope) of its own, on
-  loopback some 30-40 us of CPU each. The streams of both kinds of pools hold what is written
-  (:class:`_Held`) and send it with the first read of the response, or as soon as 64 KiB are
-  held; a chunk of 64 KiB or more is sent as it is (a large body is not copied). A failed send at that read is passed over as
+  separately, each a ``send`` of its own (on loopback some 30-40 us of CPU each) and, through
+  anyio, two checkpoints and a cancel scope. The streams of both kinds of pools hold what is
+  written (:class:`_Held`) and send it with the first read of the response, or as soon as
+  64 KiB are held; a chunk of 64 KiB or more goes as it is (a large body is not copied). An
+  async plain-TCP stream hands a held request straight to its asyncio transport when that
+  takes writes (:func:`_asyncio_transport`). A failed send at the read is passed over as
   httpcore2 passes over a failed write: the node may have answered before it closed.
 
 Both kinds of pools (sync and async) also record, in the extensions of each request they send,
@@ -142,6 +144,30 @@ class _Held:
         return data
 
 
+def _asyncio_transport(stream: Any) -> tuple[Any, Any] | None:
+    """The asyncio transport and protocol under httpcore2's anyio stream ``stream``, when it
+    is a plain TCP one (None for TLS, another backend, or anyio internals of another shape).
+
+    What anyio's ``SocketStream.send`` does when the socket is writable is one
+    ``transport.write``; around it, it passes two checkpoints (a shielded cancel scope and an
+    event-loop turn) and httpcore2 adds a cancel scope for the write timeout, some 20 us of CPU
+    per request on their own. A held request (at most 64 KiB) is written to the transport the
+    same way, without them, when the protocol takes writes (else anyio's own send waits for
+    it): the read that follows at once is where the task waits and can be cancelled.
+    """
+    import asyncio  # (only the async pools call this: asyncio is loaded)
+
+    raw = getattr(stream, "_stream", None)
+    transport = getattr(raw, "_transport", None)
+    protocol = getattr(raw, "_protocol", None)
+    if isinstance(transport, asyncio.WriteTransport) and not isinstance(
+        transport, asyncio.SubprocessTransport
+    ) and isinstance(getattr(protocol, "write_event", None), asyncio.Event) \
+            and hasattr(protocol, "exception"):
+        return transport, protocol
+    return None
+
+
 if _TYPES is not None:
     from httpcore2 import WriteError as _WriteError
 
@@ -156,6 +182,7 @@ if _TYPES is not None:
             self._sending = sending
             self._sock = inner.get_extra_info("socket")
             self._held = _Held()
+            self._direct = _asyncio_transport(inner)
             # Reads go straight to the wrapped stream (no extra coroutine per read) unless
             # written bytes are held (then the read sends them first).
             self.read = inner.read  # type: ignore[method-assign]
@@ -180,7 +207,15 @@ if _TYPES is not None:
         async def _send_held(self) -> None:
             self.read = self._inner.read  # type: ignore[method-assign]
             timeout = self._held.timeout
-            await self._inner.write(self._held.take(), timeout)
+            data = self._held.take()
+            direct = self._direct
+            if direct is not None:
+                transport, protocol = direct
+                if protocol.write_event.is_set() and protocol.exception is None \
+                        and not transport.is_closing():
+                    transport.write(data)  # see _asyncio_transport
+                    return
+            await self._inner.write(data, timeout)
 
         async def _send_then_read(self, max_bytes: int, timeout: float | None = None) -> bytes:
             with contextlib.suppress(_WriteError):  # see the module's docstring
