@@ -84,6 +84,19 @@ def test_failover_after_503(setup: Any, kind: str, stream: bool) -> None:
     assert setup.node("h100-a").stats.rejected_total == 1
 
 
+@pytest.mark.parametrize(("kind", "stream"), KINDS, ids=IDS)
+def test_a_request_the_node_refuses_as_bad_is_not_retried_elsewhere(
+        setup: Any, kind: str, stream: bool) -> None:
+    # A 400 is the request's fault, not the node's: no other node is asked, none is blamed.
+    with pytest.raises(zml.BadRequestError) as info:
+        run_client(kind, setup, infer(kind, stream, policy="prod", temperature="hot"))
+    assert info.value.status_code == 400
+    assert "temperature must be a number" in str(info.value)
+    assert info.value.routing is not None and info.value.routing.node_id == "h100-a"
+    assert (setup.node("h100-a").stats.rejected_total, setup.node("mi-a").stats.requests_total) \
+        == (1, 0)
+
+
 def test_failover_after_503_configured_in_the_toml(sim_fleet: Any) -> None:
     nodes = [
         {"id": "bad", "family": "H100", "max_concurrency": 4,

@@ -213,6 +213,17 @@ async def test_unknown_model_is_404_with_openai_error(make_node, client_for, cha
         {"parallel_tool_calls": "yes"},
         {"min_tokens": -1},
         {"model": None},
+        {"temperature": "hot"},
+        {"temperature": -0.5},
+        {"temperature": True},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"min_p": -0.1},
+        {"presence_penalty": 2.5},
+        {"frequency_penalty": "-1"},
+        {"repetition_penalty": 0},
+        {"top_k": -2},
+        {"top_k": 1.5},
     ],
 )
 async def test_bad_requests_are_400(make_node, client_for, chat, body):
@@ -222,6 +233,25 @@ async def test_bad_requests_are_400(make_node, client_for, chat, body):
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"]
     assert node.stats.rejected_total == 1
+
+
+async def test_sampling_parameters_in_range_are_accepted(make_node, client_for, chat):
+    client = client_for(make_node())
+    r = await chat(client, temperature=0, top_p=1, min_p=0.05, top_k=-1, presence_penalty=-2,
+                   frequency_penalty=2, repetition_penalty=1.1)
+    assert r.status_code == 200, r.text
+    r = await chat(client, temperature=1.7, top_p=0.9, top_k=40)
+    assert r.status_code == 200, r.text
+
+
+async def test_a_bad_sampling_parameter_names_itself(make_node, client_for, chat):
+    r = await chat(client_for(make_node()), temperature="hot")
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "temperature"
+    assert error["message"] == "temperature must be a number, got 'hot'"
+    r = await chat(client_for(make_node()), top_p=0)
+    assert r.json()["error"]["message"] == "top_p must be in (0, 1], got 0"
 
 
 async def test_body_that_is_not_json_is_400(make_node, client_for):

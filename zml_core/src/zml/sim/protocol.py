@@ -56,6 +56,10 @@ What else a reply carries, as vLLM (or OpenAI, where vLLM has no equivalent) sen
   that object is sent only then). `max_tokens` caps the visible tokens only;
 - `system_fingerprint` on the completion and on every chunk (as OpenAI sends it): `fp_`
   and 10 hex digits of the model's name.
+
+Sampling parameters (`temperature`, `top_p`, `min_p`, `top_k`, `presence_penalty`,
+`frequency_penalty`, `repetition_penalty`) do not change the reply, but are checked as vLLM
+checks them: a value of the wrong type or out of range is a 400 naming the parameter.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -270,6 +275,37 @@ def _int_or_none(body: Mapping[str, Any], key: str, minimum: int) -> int | None:
     return value
 
 
+_SAMPLING: tuple[tuple[str, float, float, bool], ...] = (
+    ("temperature", 0.0, math.inf, False),
+    ("top_p", 0.0, 1.0, True),
+    ("min_p", 0.0, 1.0, False),
+    ("presence_penalty", -2.0, 2.0, False),
+    ("frequency_penalty", -2.0, 2.0, False),
+    ("repetition_penalty", 0.0, math.inf, True),
+)
+"""The sampling numbers checked as vLLM's SamplingParams checks them: (name, low, high, whether
+``low`` itself is refused). They do not change the reply; a bad one is a 400."""
+
+
+def _check_sampling(body: Mapping[str, Any]) -> None:
+    for key, low, high, low_open in _SAMPLING:
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not math.isfinite(value):
+            raise _bad(f"{key} must be a number, got {value!r}", key)
+        if value < low or (low_open and value == low) or value > high:
+            span = f"in {'(' if low_open else '['}{low:g}, {high:g}]" if high < math.inf \
+                else f"{'>' if low_open else '>='} {low:g}"
+            raise _bad(f"{key} must be {span}, got {value!r}", key)
+    top_k = body.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)
+                              or top_k < -1):
+        raise _bad(f"top_k must be -1 or 0 (disabled) or a positive integer, got {top_k!r}",
+                   "top_k")
+
+
 def parse_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
     """Validate a chat-completions body; raise `ApiError` (400 / 404) as vLLM would."""
     try:
@@ -307,6 +343,7 @@ def parse_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
             raise _bad(f"top_logprobs must be at most {MAX_TOP_LOGPROBS}, got {top_logprobs}", "top_logprobs")
         if not logprobs:
             raise _bad("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+    _check_sampling(body)
     effort = body.get("reasoning_effort")
     if effort is not None and effort not in REASONING_TOKENS:
         raise _bad(f"reasoning_effort must be one of {sorted(REASONING_TOKENS)}, got {effort!r}", "reasoning_effort")
