@@ -229,6 +229,41 @@ async def test_the_async_pools_send_a_request_in_one_write_up_to_64_kib(
         assert writes.through_anyio == writes.sizes[1::2]
 
 
+def test_under_uvloop_a_held_request_goes_straight_to_the_transport(sim_fleet: Any) -> None:
+    # The gateway serves on uvloop (zmlai[gateway]), whose transports are not asyncio's
+    # classes; its client's requests still skip anyio's send.
+    import uvloop
+
+    setup = sim_fleet(NODES, time_scale=0.01)
+    through_anyio: list[int] = []
+
+    class Recording(_Writes):
+        def connect_tcp(self, *args: Any, **kwargs: Any) -> Any:
+            async def connected() -> Any:
+                stream = await self.inner.connect_tcp(*args, **kwargs)
+                stream.write = self._recording(stream.write, through_anyio)
+                return stream
+            return connected()
+
+    async def main() -> tuple[str, list[Any]]:
+        pools = NodePools(httpx2.Limits(max_keepalive_connections=8))
+        pools._moved(asyncio.get_running_loop())
+        backend = pools._pool(httpx2.URL(setup.fleet.url("h100-a")))._pool._network_backend
+        backend._inner = Recording(backend._inner)
+        http = httpx2.AsyncClient(transport=pools)
+        async with zml.AsyncClient(config=setup.path, http_client=http,
+                                   probe_interval_s=None) as client:
+            answer = await client.infer(MODEL, MSGS, max_tokens=3)
+            r = await http.get(setup.fleet.url("h100-a") + "/health")
+            direct = [r.extensions["network_stream"]._direct]
+        await http.aclose()
+        return answer.choices[0].message.content or "", direct
+
+    content, direct = uvloop.run(main())
+    assert content and direct[0] is not None
+    assert through_anyio == []
+
+
 def test_the_sync_pools_send_a_request_in_one_write(sim_fleet: Any) -> None:
     setup = sim_fleet(NODES, time_scale=0.01)
     pools = SyncNodePools(httpx2.Limits(max_keepalive_connections=8))

@@ -160,9 +160,11 @@ def _asyncio_transport(stream: Any) -> tuple[Any, Any] | None:
     raw = getattr(stream, "_stream", None)
     transport = getattr(raw, "_transport", None)
     protocol = getattr(raw, "_protocol", None)
-    if isinstance(transport, asyncio.WriteTransport) and not isinstance(
-        transport, asyncio.SubprocessTransport
-    ) and isinstance(getattr(protocol, "write_event", None), asyncio.Event) \
+    # uvloop's transports (the gateway's loop) are not asyncio.Transport subclasses: the
+    # transport is known by what anyio itself calls on it.
+    if callable(getattr(transport, "write", None)) \
+            and callable(getattr(transport, "is_closing", None)) \
+            and isinstance(getattr(protocol, "write_event", None), asyncio.Event) \
             and hasattr(protocol, "exception"):
         return transport, protocol
     return None
