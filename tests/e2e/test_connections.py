@@ -8,6 +8,7 @@ async client uses by default).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -167,7 +168,7 @@ class _Writes:
         self.through_anyio: list[int] = []
 
     def _recording(self, write: Callable[..., Any], into: list[int]) -> Callable[..., Any]:
-        if asyncio.iscoroutinefunction(write):
+        if inspect.iscoroutinefunction(write):
             async def awrite(buffer: bytes, *args: Any) -> None:
                 into.append(len(buffer))
                 await write(buffer, *args)
