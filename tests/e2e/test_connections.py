@@ -371,3 +371,20 @@ async def test_a_held_request_goes_through_anyio_when_the_transport_cannot_take_
     transport.closing = False
     await request()
     assert len(transport.sent) == 1 and len(inner.through_anyio) == 3
+
+
+def test_what_a_write_sends_at_once_is_decided_in_one_place() -> None:
+    from zml.connections import _Held
+
+    held = _Held()
+    assert held.admit(b"headers", 1.0) == (None, None)  # held for the read
+    assert held.admit(b"body", 2.0) == (None, None)
+    assert (held.take(), held.timeout) == (b"headersbody", 2.0)
+    big = b"x" * _HOLD_MAX
+    assert held.admit(big, None) == (None, big)  # a large chunk, nothing held before it
+    assert held.admit(b"h", None) == (None, None)
+    assert held.admit(big, None) == (b"h", big)  # what was held first, then the chunk as it is
+    small = b"y" * (_HOLD_MAX // 2 + 1)
+    assert held.admit(small, None) == (None, None)
+    assert held.admit(small, None) == (small + small, None)  # 64 KiB reached: all at once
+    assert held.parts == [] and held.size == 0

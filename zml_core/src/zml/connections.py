@@ -128,12 +128,21 @@ class _Held:
         self.size = 0
         self.timeout: float | None = None
 
-    def add(self, buffer: bytes, timeout: float | None) -> bool:
-        """Hold ``buffer``; whether the held bytes may wait for the read (False: send now)."""
+    def admit(self, buffer: bytes, timeout: float | None) -> tuple[bytes | None, bytes | None]:
+        """A write of ``buffer`` (not empty): what to send at once, as ``(held, large)``.
+
+        ``(None, None)``: ``buffer`` is held, for the read to send. Else send ``held`` (what
+        was held, ``buffer`` included once 64 KiB are reached), then ``large`` (a chunk of
+        64 KiB or more, sent as it is rather than copied), whichever is not None.
+        """
+        if len(buffer) >= _HOLD_MAX:
+            return (self.take() if self.parts else None), buffer
         self.parts.append(buffer)
         self.size += len(buffer)
         self.timeout = timeout  # the write timeout of the request's last write
-        return self.size < _HOLD_MAX
+        if self.size < _HOLD_MAX:
+            return None, None
+        return self.take(), None
 
     def take(self) -> bytes:
         """The held bytes, as one buffer (and hold nothing)."""
@@ -197,19 +206,19 @@ if _TYPES is not None:
             _note(self._sending, self)
             if not buffer:
                 return
-            if len(buffer) >= _HOLD_MAX:  # a large chunk goes as it is, after what is held
-                if self._held.parts:
-                    await self._send_held()
-                await self._inner.write(buffer, timeout)
-            elif self._held.add(buffer, timeout):
+            held, large = self._held.admit(buffer, timeout)
+            if held is None and large is None:
                 self.read = self._send_then_read  # type: ignore[method-assign]
-            else:
-                await self._send_held()
-
-        async def _send_held(self) -> None:
+                return
             self.read = self._inner.read  # type: ignore[method-assign]
-            timeout = self._held.timeout
-            data = self._held.take()
+            if held is not None:
+                await self._send(held, self._held.timeout)
+            if large is not None:
+                await self._inner.write(large, timeout)
+
+        async def _send(self, data: bytes, timeout: float | None) -> None:
+            """Send held bytes: to the transport directly when it takes them (see
+            :func:`_asyncio_transport`), else through anyio."""
             direct = self._direct
             if direct is not None:
                 transport, protocol = direct
@@ -220,8 +229,9 @@ if _TYPES is not None:
             await self._inner.write(data, timeout)
 
         async def _send_then_read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            self.read = self._inner.read  # type: ignore[method-assign]
             with contextlib.suppress(_WriteError):  # see the module's docstring
-                await self._send_held()
+                await self._send(self._held.take(), self._held.timeout)
             data: bytes = await self._inner.read(max_bytes, timeout)
             return data
 
@@ -280,23 +290,20 @@ if _TYPES is not None:
             _note(self._sending, self)
             if not buffer:
                 return
-            if len(buffer) >= _HOLD_MAX:  # a large chunk goes as it is, after what is held
-                if self._held.parts:
-                    self._send_held()
-                self._inner.write(buffer, timeout)
-            elif self._held.add(buffer, timeout):
+            held, large = self._held.admit(buffer, timeout)
+            if held is None and large is None:
                 self.read = self._send_then_read  # type: ignore[method-assign]
-            else:
-                self._send_held()
-
-        def _send_held(self) -> None:
+                return
             self.read = self._inner.read  # type: ignore[method-assign]
-            timeout = self._held.timeout
-            self._inner.write(self._held.take(), timeout)
+            if held is not None:
+                self._inner.write(held, self._held.timeout)
+            if large is not None:
+                self._inner.write(large, timeout)
 
         def _send_then_read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            self.read = self._inner.read  # type: ignore[method-assign]
             with contextlib.suppress(_WriteError):  # see the module's docstring
-                self._send_held()
+                self._inner.write(self._held.take(), self._held.timeout)
             data: bytes = self._inner.read(max_bytes, timeout)
             return data
 
