@@ -21,6 +21,7 @@ import pytest
 
 import zml
 from tests.conftest import MODEL, render_config, system_tool
+from tests.e2e.conftest import settled
 
 NODES = [{"id": "tls-a", "family": "H100", "max_concurrency": 4}]
 MSGS = [{"role": "user", "content": "hello"}]
@@ -108,7 +109,7 @@ async def test_the_async_client_answers_and_streams_from_an_https_node(
         assert (await client.infer(MODEL, big, max_tokens=2)).choices[0].message.content
         chunks = [c async for c in client.infer_stream(MODEL, MSGS, max_tokens=4)]
         assert len(chunks) >= 4
-    assert setup.node("tls-a").stats.completed_total == 5
+    assert settled(setup.node("tls-a")).completed_total == 5
 
 
 def test_the_sync_client_answers_and_streams_from_an_https_node(
@@ -119,7 +120,7 @@ def test_the_sync_client_answers_and_streams_from_an_https_node(
         for _ in range(3):
             assert client.infer(MODEL, MSGS, max_tokens=4).choices[0].message.content
         assert len(list(client.infer_stream(MODEL, MSGS, max_tokens=4))) >= 4
-    assert setup.node("tls-a").stats.completed_total == 4
+    assert settled(setup.node("tls-a")).completed_total == 4
 
 
 def test_a_node_whose_certificate_is_not_trusted_fails_as_a_connection_error(
