@@ -173,6 +173,14 @@ def test_extra_body_is_merged(drive: Any, fleet: Fleet) -> None:
          "accelerator", "not both"),
         ({"model": "m", "messages": MSGS, "timeout": -1}, "timeout", "positive"),
         ({"model": "m", "messages": MSGS, "metadata": ["team"]}, "metadata", "must be a dict"),
+        # extra_body adds fields; it must not replace what zml validated, routed on, or reads
+        # the answer by (a streamed answer to infer() would count as the node's fault)
+        ({"model": "m", "messages": MSGS, "extra_body": {"stream": True}}, "extra_body.stream",
+         "infer_stream"),
+        ({"model": "m", "messages": MSGS, "extra_body": {"model": "other"}}, "extra_body.model",
+         "model=..."),
+        ({"model": "m", "messages": MSGS, "extra_body": {"messages": "hi"}},
+         "extra_body.messages", "messages=[...]"),
         # metadata is echoed in routing.metadata (JSON): what JSON cannot carry fails here,
         # before a node does the work, not when the answer is serialised
         ({"model": "m", "messages": MSGS, "metadata": {"team": "x\ud800"}}, "metadata.team",

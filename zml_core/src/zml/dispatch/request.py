@@ -141,6 +141,24 @@ def _check_params(params: Mapping[str, Any]) -> None:
             )
 
 
+_CORE_FIELDS = {
+    "model": "pass the model as model=...",
+    "messages": "pass the chat as messages=[...]",
+    "stream": "use infer() for one answer, infer_stream() to stream",
+}
+"""The body fields zml validates, routes on and reads the answer by: never from ``extra_body``."""
+
+
+def _check_extra(extra: Mapping[Any, Any]) -> None:
+    """``extra_body`` adds fields; it must not replace the model routed on, the messages
+    validated or whether the answer streams (the node would be asked for something else)."""
+    for key, how in _CORE_FIELDS.items():
+        if key in extra:
+            raise InvalidRequestError(
+                f"extra_body must not set {key!r}: {how}", param=f"extra_body.{key}"
+            )
+
+
 def build_body(
     model: object, messages: object, params: Mapping[str, Any], *, stream: bool
 ) -> tuple[bytes, int]:
@@ -161,6 +179,7 @@ def build_body(
     if extra:
         if not isinstance(extra, Mapping):
             raise InvalidRequestError("extra_body must be a dict", param="extra_body")
+        _check_extra(extra)
         body.update(extra)
     if stream:
         body["stream"] = True
