@@ -276,10 +276,12 @@ def test_a_timeout_longer_than_a_year_is_refused(value: float) -> None:
     assert zml.Timeouts(total=365 * 24 * 3600).total == 365 * 24 * 3600
 
 
-@pytest.mark.parametrize("value", [1e300, 10**400, math.nan, math.inf, 0, True])
-def test_a_bad_probe_interval_is_refused(value: Any) -> None:
+@pytest.mark.parametrize("kind", [zml.Client, zml.AsyncClient])
+@pytest.mark.parametrize("value", [1e300, 10**400, math.nan, math.inf, 0, -1, True, "2"])
+def test_a_bad_probe_interval_is_refused(kind: Any, value: Any) -> None:
+    """By both clients (an async one took 0 and probed every node in a busy loop)."""
     with pytest.raises(zml.InvalidRequestError, match="probe_interval_s") as info:
-        zml.Client(config=zml.config.Registry(), probe_interval_s=value)
+        kind(config=zml.config.Registry(), probe_interval_s=value)
     assert len(str(info.value)) < 200
 
 

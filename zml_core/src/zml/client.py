@@ -310,6 +310,8 @@ class AsyncClient(BaseClient):
         fleet: Fleet | None = None,
     ) -> None:
         check_http_client(http_client, httpx2.AsyncClient, "AsyncClient")
+        if probe_interval_s is not None:
+            check_probe_interval(probe_interval_s)
         super().__init__(api_key, config, timeout, max_attempts, fleet)
         self._own_http = http_client is None
         self._http = http_client or async_http_client(_LIMITS)
