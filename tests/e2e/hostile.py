@@ -24,7 +24,8 @@ Behaviours (``NAME`` or ``NAME=ARG``):
 ``status=CODE``           that status with an OpenAI error body
 ``echo-key=CODE``         that status, the error quoting the request's key (``api-key`` header, else
                           the Bearer one), as some servers do
-``echo-key-on=WHERE``     the key quoted without an error status: stream, first-event, body, redirect
+``echo-key-on=WHERE``     the key quoted without an error status: stream, first-event, body,
+                          body-cut, redirect
 ``retry-after=VALUE``     429 with ``Retry-After: VALUE`` (``http-date``: a date 1 h ahead)
 ``retry-after-ms=VALUE``  429 with ``retry-after-ms: VALUE``
 ``redirect=CODE``         that 3xx status, Location with credentials in it
@@ -240,16 +241,19 @@ async def _echo_key(conn: _Conn, req: Request, arg: str) -> None:
 
 async def _echo_key_on(conn: _Conn, req: Request, arg: str) -> None:
     """The request's key quoted where no error status is: ``stream`` (an error event after a
-    token), ``first-event`` (an error event first), ``body`` (a 200 body that is not JSON) or
-    ``redirect`` (a Location holding it)."""
+    token), ``first-event`` (an error event first), ``body`` (a 200 body that is not JSON),
+    ``body-cut`` (the same, the key where zml cuts the body it quotes) or ``redirect`` (a
+    Location holding it)."""
     key = _sent_key(req)
     if arg in ("stream", "first-event"):
         await conn.sse_head()
         if arg == "stream":
             await conn.event(req, chunk("hel"))
         await conn.event(req, {"error": {"message": f"key {key} revoked"}})
-    elif arg == "body":
-        data = f"<html>proxy error for key {key}</html>".encode()
+    elif arg in ("body", "body-cut"):
+        # body-cut: the key straddles the 200 bytes of a body that zml quotes in its error
+        pad = "x" * (159 if arg == "body-cut" else 0)
+        data = f"<html>{pad}proxy error for key {key}</html>".encode()
         await conn.head(200, {"content-type": "text/html", "content-length": str(len(data))})
         await conn.body(req, data)
     else:

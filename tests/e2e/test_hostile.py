@@ -371,6 +371,29 @@ def test_a_key_the_node_quotes_anywhere_else_is_never_shown(
     assert not [text for text in seen + chain_texts(info.value) if KEY in text]
 
 
+@pytest.mark.parametrize(("key", "where"), [
+    (KEY, "body-cut"),  # the message quotes the body cut short, the key with it
+    ("sk-hostile\\test-key", "body"),  # the body is quoted with repr(): the backslash doubled
+    ("sk-hostile\\test-key", "stream"),
+])
+def test_a_key_quoted_cut_short_or_escaped_is_never_shown(
+    hostile: HostileNode, tmp_path: Path, key: str, where: str
+) -> None:
+    config = write_config(tmp_path / "zml.toml", hostile, {"n-echo": f"echo-key-on={where}"})
+    with zml.Client(api_key=key, config=config, max_attempts=1) as client, \
+            pytest.raises(zml.ZMLError) as info:
+        if where == "stream":
+            for _ in client.infer_stream(MODEL, MSGS, policy="hostile"):
+                pass
+        else:
+            client.infer(MODEL, MSGS, policy="hostile")
+    seen = ["".join(traceback.format_exception(info.value)), repr(info.value),
+            *chain_texts(info.value)]
+    assert "[redacted]" in seen[0]
+    for text in seen:  # nor its first characters, nor its quoted form
+        assert key[:10] not in text and repr(key)[1:11] not in text, text
+
+
 class AzureKey:
     """A plugin sending the key in Azure's ``api-key`` header (its own credential header)."""
 

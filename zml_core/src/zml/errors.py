@@ -336,7 +336,7 @@ def status_error(
     it in its error body ("Incorrect API key provided: sk-..."), so it is taken out of the
     message and of ``body``, whatever the wording around it.
     """
-    secrets = tuple(s for s in secrets if len(s) >= 4)
+    secrets = _forms(secrets)
     if secrets:
         body = _without(body, secrets)
     detail = _error_detail(body)
@@ -411,7 +411,7 @@ def scrub(exc: BaseException, secrets: tuple[str, ...]) -> None:
     not JSON, a redirect's Location); dispatch scrubs every node error of an attempt with it,
     so that no path has to remember to.
     """
-    secrets = tuple(s for s in secrets if len(s) >= 4)
+    secrets = _forms(secrets)
     seen: set[int] = set()
     current: BaseException | None = exc if secrets else None
     while current is not None and id(current) not in seen:
@@ -423,16 +423,60 @@ def scrub(exc: BaseException, secrets: tuple[str, ...]) -> None:
 
 
 def _without(value: object, secrets: tuple[str, ...]) -> object:
-    """``value`` (a node's decoded error body) with every occurrence of ``secrets`` replaced."""
+    """``value`` (a node's decoded error body) with every occurrence of ``secrets`` (see
+    :func:`_forms`) replaced."""
     if isinstance(value, str):
         for secret in secrets:
-            value = value.replace(secret, "[redacted]")
+            value = _redact(value, secret)
         return value
     if isinstance(value, dict):
         return {_without(k, secrets): _without(v, secrets) for k, v in value.items()}
     if isinstance(value, list):
         return [_without(v, secrets) for v in value]
     return value
+
+
+_KEPT = 8
+"""The start of a secret this long is enough to redact it where a message cut it short."""
+
+
+def _forms(secrets: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``secrets`` worth redacting (4 characters or more), each as it is and as a message
+    may quote it: ``repr()`` of the text or of its bytes (a backslash doubled, a quote escaped)
+    and JSON (a node's body, quoted)."""
+    forms: dict[str, None] = {}
+    for s in secrets:
+        if len(s) >= 4:
+            forms.update(dict.fromkeys(
+                (s, repr(s)[1:-1], repr(s.encode())[2:-1], json.dumps(s)[1:-1])))
+    return tuple(sorted(forms, key=len, reverse=True))  # a quoted form holds the plain one
+
+
+def _redact(text: str, secret: str) -> str:
+    """``text`` with ``secret`` replaced, also where it was cut short.
+
+    A node's body is cut to a few hundred characters before it is quoted in a message, and a
+    key may straddle the cut: so any run of the secret's first characters (at least
+    :data:`_KEPT` of them, the whole secret when shorter) is taken out, however far it goes.
+    """
+    if len(secret) <= _KEPT:
+        return text.replace(secret, "[redacted]")
+    head = secret[:_KEPT]
+    start = text.find(head)
+    if start < 0:
+        return text
+    parts: list[str] = []
+    done = 0
+    while start >= 0:
+        end = start + _KEPT
+        while end < len(text) and end - start < len(secret) and text[end] == secret[end - start]:
+            end += 1
+        parts.append(text[done:start])
+        parts.append("[redacted]")
+        done = end
+        start = text.find(head, end)
+    parts.append(text[done:])
+    return "".join(parts)
 
 
 def _error_detail(body: object) -> str:
