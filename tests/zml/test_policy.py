@@ -56,7 +56,13 @@ def test_defaults_and_frozen(client: zml.Client) -> None:
         ({"accelerator_chain": ["H100"], "health_threshold": 1.5}, "health_threshold", ["1.5"]),
         ({"accelerator_chain": ["H100"], "latency_target": 500}, "latency_target",
          ["unknown field", "did you mean 'latency_target_ms'"]),
-        ({"accelerator_chain": "H100"}, "accelerator_chain", ["tuple"]),
+        ({"accelerator_chain": "H100"}, "accelerator_chain", ["a list of families", "got str"]),
+        # a set has no order: the chain would depend on the process's hash seed
+        ({"accelerator_chain": {"H100", "MI300X"}}, "accelerator_chain",
+         ["in order of preference", "got set"]),
+        # a year at most, as every other wait (a longer one overflows a thread wait)
+        ({"accelerator_chain": ["H100"], "max_queue_ms": 1e300}, "max_queue_ms",
+         ["less than or equal to 31536000000"]),
     ],
 )
 def test_bad_fields_raise_policy_config_error_at_construction(

@@ -30,7 +30,7 @@ from pydantic import (
 
 from .config import Registry, first_error, suggest
 from .errors import PolicyConfigError
-from .validation import check_policy_mapping
+from .validation import MAX_SECONDS, check_policy_mapping
 
 __all__ = ["CostPriority", "Policy", "PolicyRef", "resolve_policy", "validate_policy_tables"]
 
@@ -61,7 +61,7 @@ class Policy(BaseModel):
             cost saving of staying against latency risk. See :mod:`zml.routing`.
         queue_on_saturation: when no node is viable, wait in a client-side queue for capacity
             instead of raising RoutingError at once (a bool: ``1`` or ``"yes"`` is refused).
-        max_queue_ms: how long a request may wait in that queue, a finite number of ms
+        max_queue_ms: how long a request may wait in that queue, a number of ms up to a year
             (default: the request's timeout).
         health_threshold: nodes whose health score (0..1, a number) is below it are skipped.
         strategy: None (zml's own routing) or a baseline strategy for side-by-side trials:
@@ -86,7 +86,7 @@ class Policy(BaseModel):
     latency_target_ms: float | None = Field(default=None, gt=0, strict=True)
     cost_priority: CostPriority = "balanced"
     queue_on_saturation: bool = Field(default=False, strict=True)
-    max_queue_ms: float | None = Field(default=None, gt=0, strict=True)
+    max_queue_ms: float | None = Field(default=None, gt=0, le=MAX_SECONDS * 1000, strict=True)
     health_threshold: float = Field(default=0.5, ge=0, le=1, strict=True)
     strategy: Strategy | None = None
     affinity: Affinity | None = None
@@ -96,6 +96,16 @@ class Policy(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             raise policy_error_from_validation(exc, data.get("name")) from None
+
+    @field_validator("accelerator_chain", mode="before")
+    @classmethod
+    def _ordered(cls, chain: object) -> object:
+        # A set would be taken as a tuple in whatever order its hash gives (another family
+        # first in another process); only a list or tuple says which family comes first.
+        if not isinstance(chain, (list, tuple)):
+            raise ValueError(f"must be a list of families in order of preference, e.g. "
+                             f"['H100', 'MI300X'], got {type(chain).__name__}")
+        return chain
 
     @field_validator("accelerator_chain")
     @classmethod
