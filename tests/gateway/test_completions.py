@@ -11,7 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -22,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import zml
 from tests.conftest import MODEL
 
-from .conftest import GATEWAY_KEY, NODE_KEY, GatewayServer
+from .conftest import GATEWAY_KEY, NODE_KEY, GatewayServer, _Thread
 
 MSGS = [{"role": "user", "content": "hello"}]
 TWO_FAMILIES = {"H100": {"cost_per_hour": 4.0}, "MI300X": {"cost_per_hour": 3.0}}
@@ -421,6 +424,39 @@ def test_health_and_ready_say_whether_the_process_and_the_fleet_are_up(
     down = httpx2.get(f"{gw.url}/ready")
     assert down.status_code == 503 and down.json()["ready"] is False
     assert httpx2.get(f"{gw.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize(("status", "up"), [(200, True), (204, True), (404, True), (503, False)])
+def test_ready_reads_a_nodes_health_as_the_prober_does(tmp_path: Path, status: int,
+                                                       up: bool) -> None:
+    """Any status below 400 is up, and 404 too (a server without the endpoint): a fleet of
+    servers that answer /health with 204, or have none, is ready."""
+    from zml.gateway import create_app
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    node = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=node.serve_forever, daemon=True).start()
+    config = tmp_path / "zml.toml"
+    config.write_text(f'[accelerators.H100]\n[[nodes]]\nid = "n"\nfamily = "H100"\n'
+                      f'url = "http://127.0.0.1:{node.server_port}"\nmodels = ["{MODEL}"]\n'
+                      "max_concurrency = 1\n")
+    server = _Thread(create_app(config, environ={}, probe_interval_s=None)).start()
+    try:
+        ready = httpx2.get(f"http://127.0.0.1:{server.port}/ready", timeout=30)
+    finally:
+        server.stop()
+        node.shutdown()
+        node.server_close()
+    assert ready.status_code == (200 if up else 503)
+    assert ready.json()["nodes"][0]["up"] is up
 
 
 def test_unknown_paths_and_methods_get_openai_shaped_errors(gw: GatewayServer) -> None:

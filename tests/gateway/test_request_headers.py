@@ -5,6 +5,7 @@ refused), and a policy name outside ASCII, as UTF-8 or as the gateway itself sen
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from urllib.parse import quote
 
@@ -48,6 +49,26 @@ def test_two_authorization_headers_are_refused_in_either_order(keyed: GatewaySer
     one = [("authorization", f"Bearer {GATEWAY_KEY}".encode())]
     assert _post(keyed, one).status_code == 200  # one key, no content-type: read as JSON
     assert httpx2.get(f"{keyed.base_url}/models", headers=one, timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("sent", [b"prod ", b" prod", b"\tprod\t"])
+def test_whitespace_around_a_policy_header_is_not_part_of_the_name(keyed: GatewayServer,
+                                                                   sent: bytes) -> None:
+    """RFC 9110 5.5: the whitespace around a field value is not part of it (a server may
+    still pass it on)."""
+    # Sent on a raw socket: httpx2 itself refuses to send such a value.
+    port = int(keyed.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:  # a safety net
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     b"Authorization: Bearer " + GATEWAY_KEY.encode() + b"\r\n"
+                     b"x-zml-policy:" + sent + b"\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), data
+    assert json.loads(body)["zml_routing"]["policy"] == "prod"
 
 
 def test_two_policy_headers_are_refused(keyed: GatewayServer) -> None:

@@ -24,7 +24,8 @@ import httpx2
 
 from .fleet import Fleet, NodeState
 
-__all__ = ["LOAD_GAUGES", "ProbeResult", "Prober", "parse_load", "probe_node", "probe_node_async"]
+__all__ = ["LOAD_GAUGES", "ProbeResult", "Prober", "health_says_up", "parse_load", "probe_node",
+           "probe_node_async"]
 
 log: logging.Logger = logging.getLogger("zml.probe")
 
@@ -83,12 +84,17 @@ def parse_load(kind: str, text: str) -> tuple[int | None, int | None]:
     )
 
 
+def health_says_up(status_code: int) -> bool:
+    """Whether a ``/health`` answer with this status says the node is up: any status below
+    400, and 404 (the server has no such endpoint, which says nothing against it)."""
+    return status_code < 400 or status_code == 404
+
+
 def _interpret(node: NodeState, health: httpx2.Response | BaseException,
                metrics: httpx2.Response | BaseException | None) -> ProbeResult:
     if isinstance(health, BaseException):
         return ProbeResult(node.id, False, error=f"{type(health).__name__}: {health}")
-    # 404 on /health: the server has no such endpoint, which says nothing against it.
-    healthy = health.status_code < 400 or health.status_code == 404
+    healthy = health_says_up(health.status_code)
     running = waiting = None
     if isinstance(metrics, httpx2.Response) and metrics.status_code == 200:
         try:

@@ -41,6 +41,7 @@ from starlette.routing import Route
 from zml.client import AsyncClient
 from zml.config import Registry, discover_path, load_registry
 from zml.errors import PolicyConfigError, safe_detail
+from zml.probe import health_says_up
 
 from .auth import KeyRing
 from .completions import AttemptLabels, ChatCompletions
@@ -97,7 +98,7 @@ class Gateway:
             r = await http.get(f"{url}/health", timeout=READY_TIMEOUT_S)
         except httpx2.HTTPError:
             return False
-        return r.status_code == 200
+        return health_says_up(r.status_code)  # as zml's own prober reads it
 
     def authorized(self, request: Request) -> bool:
         """Whether a non-chat ``/v1`` request may proceed."""

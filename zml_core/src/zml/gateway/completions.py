@@ -430,12 +430,15 @@ def _not_json(content_type: bytes) -> ErrorReply:
 
 
 def header_text(value: bytes) -> str:
-    """A request header's value as text: UTF-8 (else Latin-1), percent-decoded when it holds
-    ``%``, the mirror of how the gateway sends a non-ASCII name (``x-zml-policy``)."""
+    """A request header's value as text: UTF-8 (else Latin-1), without the whitespace around
+    it (not part of a field value, RFC 9110 5.5, though a server may pass it on), and
+    percent-decoded when it holds ``%``, the mirror of how the gateway sends a non-ASCII name
+    (``x-zml-policy``)."""
     try:
         text = value.decode("utf-8")
     except UnicodeDecodeError:
         text = value.decode("latin-1")
+    text = text.strip(" \t")
     return unquote(text) if "%" in text else text
 
 
