@@ -53,6 +53,46 @@ def test_control_characters_in_a_url_are_refused(bad: str) -> None:
         _node(url=f"http://127.0.0.1:8000/{bad}x")
 
 
+@pytest.mark.parametrize("field", ["id", "family", "models"])
+@pytest.mark.parametrize(("bad", "fragment"), [
+    ("n0\r\nx-injected: yes", "a carriage return"),  # a header of every reply, else
+    ("n0\x85", "control character (U+0085)"),
+    ("n0 ", "whitespace"),
+    (" ", "whitespace"),
+])
+def test_a_name_that_cannot_go_in_a_header_is_refused(tmp_path: Path, field: str, bad: str,
+                                                      fragment: str) -> None:
+    """Node ids, families and models go into response headers, metric labels and logs: a
+    control character would break the reply of every request the node serves, after the
+    node did the work."""
+    node = {"id": "n1", "family": "H100", "url": "http://127.0.0.1:8000", "models": ["m"],
+            "max_concurrency": 1, field: [bad] if field == "models" else bad}
+    path = tmp_path / "zml.toml"
+    path.write_text("[accelerators.H100]\n[[nodes]]\n"
+                    + "".join(f"{k} = {json.dumps(v)}\n" for k, v in node.items()))
+    with pytest.raises(zml.PolicyConfigError) as info:
+        load_registry(path)
+    assert fragment in str(info.value) and info.value.field.startswith(f"nodes[0].{field}")
+
+
+@pytest.mark.parametrize("text", [
+    '[accelerators."H\\u0007"]\n',
+    '[accelerators.H100]\n[policies."p\\u0007"]\naccelerator_chain = ["H100"]\n',
+])
+def test_a_family_or_policy_name_that_cannot_go_in_a_header_is_refused(tmp_path: Path,
+                                                                      text: str) -> None:
+    path = tmp_path / "zml.toml"
+    path.write_text(text)
+    with pytest.raises(zml.PolicyConfigError, match=r"control character \(U\+0007\)"):
+        load_registry(path)
+
+
+def test_a_policy_name_from_code_is_checked_too() -> None:
+    with pytest.raises(zml.PolicyConfigError, match="ends with a newline") as info:
+        zml.Policy(name="p\n", accelerator_chain=["H100"])
+    assert info.value.field == "name"
+
+
 @pytest.mark.parametrize(
     ("url", "shown"),
     [

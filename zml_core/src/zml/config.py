@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import PolicyConfigError
+from .validation import name_problem
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -198,7 +199,22 @@ class NodeConfig(_Strict):
     def _check_models(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if any(not m for m in value):
             raise ValueError("model names must be non-empty strings")
+        for model in value:
+            _check_name(model)
         return value
+
+    @field_validator("id", "family")
+    @classmethod
+    def _check_names(cls, value: str) -> str:
+        return _check_name(value)
+
+
+def _check_name(value: str) -> str:
+    """``value``, if it can be a name (see :func:`zml.validation.name_problem`)."""
+    problem = name_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
 
 
 def url_problem(url: str, node_id: object = None) -> None:
@@ -309,6 +325,13 @@ class ConfigFile(_Strict):
     nodes: tuple[NodeConfig, ...] = ()
     policies: dict[str, dict[str, Any]] = {}
     gateway: dict[str, Any] = {}
+
+    @field_validator("accelerators", "policies")
+    @classmethod
+    def _check_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            _check_name(name)
+        return value
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from pydantic import (
 
 from .config import Registry, first_error, suggest
 from .errors import PolicyConfigError
-from .validation import MAX_SECONDS, check_policy_mapping
+from .validation import MAX_SECONDS, check_policy_mapping, name_problem
 
 __all__ = ["CostPriority", "Policy", "PolicyRef", "resolve_policy", "validate_policy_tables"]
 
@@ -96,6 +96,14 @@ class Policy(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             raise policy_error_from_validation(exc, data.get("name")) from None
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, name: str) -> str:
+        problem = name_problem(name)  # it is sent back in x-zml-policy and metric labels
+        if problem is not None:
+            raise ValueError(problem)
+        return name
 
     @field_validator("accelerator_chain", mode="before")
     @classmethod

@@ -48,6 +48,7 @@ __all__ = [
     "check_timeouts",
     "encode_json",
     "json_text",
+    "name_problem",
     "validate_messages",
 ]
 
@@ -100,6 +101,23 @@ def _key_error(param: str, problem: str, ch: str, *, edge: bool = True) -> Inval
         + ("; strip the surrounding whitespace" if edge and ch in " \t" else ""),
         param=param,
     )
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` (a node id, family, model or policy name) cannot be one, or None.
+
+    Names go into response headers (``x-zml-node-id``...), metric labels and logs: a control
+    character there (a CR, a newline) would break the reply of every request the node serves,
+    after it did the work. So would whitespace around it, silently, in a header a client sends.
+    """
+    for i, ch in enumerate(name):
+        if ch < " " or "\x7f" <= ch <= "\x9f":
+            what = _describe(ch) if ch <= "\x7f" else f"a control character (U+{ord(ch):04X})"
+            return (f"{_where(name, i)} {what}; names are shown in headers, metrics and logs, "
+                    "which cannot carry one")
+    if name != name.strip():
+        return "starts or ends with whitespace; remove it"
+    return None
 
 
 def _where(key: str, i: int) -> str:
