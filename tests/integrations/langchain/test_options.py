@@ -177,3 +177,13 @@ def test_callbacks_see_temperature_and_max_tokens(zml_config: Path) -> None:
         assert params["seed"] == 1
         assert params["model"] == MODEL
     assert streamed["top_p"] == 0.5  # per-call options too
+
+
+def test_callbacks_see_the_stop_sequences_sent(zml_config: Path) -> None:
+    """The model's own stop when the call gives none (LangChain's default reports None), the
+    call's when it gives one."""
+    recorder = Recorder()
+    llm = make(zml_config, stop=["policy"])
+    llm.invoke("Hello", config={"callbacks": [recorder]})
+    llm.invoke("Hello", stop=["\n"], config={"callbacks": [recorder]})
+    assert [params["stop"] for params in recorder.params] == [["policy"], ["\n"]]

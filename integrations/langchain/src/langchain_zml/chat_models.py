@@ -247,6 +247,15 @@ class ChatZML(BaseChatModel):
         policy = self.policy.name if isinstance(self.policy, zml.Policy) else self.policy
         return {"model": self.model, "policy": policy, **self._default_params}
 
+    def _get_invocation_params(self, stop: list[str] | None = None,
+                               **kwargs: Any) -> dict[str, Any]:
+        # LangChain's sets "stop" to the per-call one, None when the call gives none; the
+        # model's own stop sequences are sent then, so callbacks and caches see those.
+        params = super()._get_invocation_params(stop=stop, **kwargs)
+        if params.get("stop") is None and self.stop:
+            params["stop"] = list(self.stop)
+        return params
+
     def _should_stream(self, *, async_api: bool, **kwargs: Any) -> bool:
         # n > 1 gives several messages, which a stream cannot: stream() then yields the first
         # choice whole, as invoke() returns it (generate() returns them all).
