@@ -204,3 +204,19 @@ def test_stream_null_is_the_default_false_as_in_openais_spec(gw: GatewayServer) 
     assert r.json()["object"] == "chat.completion"
     bad = post(gw, {"model": MODEL, "messages": MSGS, "stream": "yes"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "stream"
+
+
+@pytest.mark.parametrize(("body", "fields"), [
+    ({"error": {"message": "bad", "param": "messages", "code": "invalid_value"}},
+     ("messages", "invalid_value")),
+    # vLLM's own shape: the fields at the top, the code a number (not OpenAI's kind of code)
+    ({"object": "error", "message": "bad", "type": "BadRequestError", "param": "messages",
+      "code": 400}, ("messages", None)),
+    ({"error": "bad"}, (None, None)),
+    ("bad", (None, None)),
+])
+def test_a_nodes_400_gives_its_param_and_code_in_either_shape(body: Any,
+                                                              fields: tuple[Any, Any]) -> None:
+    from zml.gateway.errors import _node_fields
+
+    assert _node_fields(body) == fields

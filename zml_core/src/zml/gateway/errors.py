@@ -218,7 +218,11 @@ def _node(exc: NodeError) -> ErrorReply:
 
 
 def _node_fields(body: object) -> tuple[str | None, str | None]:
-    err = body.get("error") if isinstance(body, dict) else None
+    """The ``param`` and ``code`` of a node's 400: OpenAI's ``{"error": {...}}``, or the fields
+    at the top, as vLLM's ``{"object": "error", "message": ...}`` has them."""
+    if not isinstance(body, dict):
+        return None, None
+    err = body.get("error", body)
     if not isinstance(err, dict):
         return None, None
     param, code = err.get("param"), err.get("code")
