@@ -181,6 +181,28 @@ def test_a_body_that_stalls_gets_408_and_the_connection_is_closed(serve_gateway:
     assert gw.node("h100-1").stats.requests_total == 0
 
 
+def test_a_body_declared_too_large_gets_413_before_it_is_sent(serve_gateway: Make) -> None:
+    """A Content-Length over max_body_bytes is answered at once: the client need not upload
+    the body (nor, stalling, wait for the body timeout)."""
+    gw = serve_gateway(ONE_NODE, PROD, gateway="[gateway]\nmax_body_bytes = 2048\n"
+                                               "body_timeout_s = 5\n")
+    port = int(gw.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:  # a safety net
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 10000000\r\n\r\n"
+                     b'{"model":')
+        data = b""
+        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 "), head
+    assert "max_body_bytes" in json.loads(body)["error"]["message"]
+    assert outcomes(gw) == {"invalid_request": 1}
+
+
 def test_an_unknown_model_or_policy_is_echoed_short_and_gets_no_suggestion_when_huge(
         gw: GatewayServer) -> None:
     r = post(gw, {"model": "prod-model" + "x" * 1_000_000, "messages": MSGS})

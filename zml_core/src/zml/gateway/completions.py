@@ -230,7 +230,7 @@ class ChatCompletions:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gw = self.gateway
         started = time.perf_counter()
-        authorization = policy_header = content_type = None
+        authorization = policy_header = content_type = length = None
         repeated: str | None = None
         for name, value in scope["headers"]:
             if name == b"authorization":
@@ -241,6 +241,8 @@ class ChatCompletions:
                 policy_header = value
             elif name == b"content-type":
                 content_type = value
+            elif name == b"content-length":  # the server checked it is one number
+                length = value
         if repeated is not None:
             gw.metrics.finished(None, "", "", "invalid_request", False, 0.0)
             await send_error(send, invalid_request(
@@ -263,6 +265,8 @@ class ChatCompletions:
             return
         settings = gw.settings
         try:
+            if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+                raise _TooLarge  # said at once, not after the upload (nor its timeout)
             body = await _read_body(receive, settings.max_body_bytes, settings.body_timeout_s)
         except _TooLarge:
             gw.metrics.finished(None, "", "", "invalid_request", False, 0.0)
