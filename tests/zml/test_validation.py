@@ -252,6 +252,16 @@ def test_a_policy_dict_with_int_keys_is_a_policy_error(client: Any) -> None:
 def test_stream_options_that_are_not_a_dict_are_an_invalid_request(client: Any) -> None:
     with pytest.raises(zml.InvalidRequestError, match="stream_options must be a dict"):
         client.infer_stream("m", MSG, stream_options=5)
+    with pytest.raises(zml.InvalidRequestError, match="must be true or false") as info:
+        client.infer_stream("m", MSG, stream_options={"include_usage": "no"})
+    assert info.value.param == "stream_options.include_usage"
+
+
+def test_stream_options_without_a_stream_are_an_invalid_request(client: Any) -> None:
+    """As OpenAI and vLLM answer (400): they apply only to a stream."""
+    with pytest.raises(zml.InvalidRequestError, match="use infer_stream") as info:
+        client.infer("m", MSG, stream_options={"include_usage": True})
+    assert info.value.param == "stream_options"
 
 
 @pytest.mark.parametrize("fields", [{"connect": -1}, {"idle": 0}, {"total": math.nan},

@@ -191,7 +191,18 @@ def build_body(
             )
         options = dict(options)
         options.setdefault("include_usage", True)
+        if not isinstance(options["include_usage"], bool):
+            raise InvalidRequestError(
+                f"stream_options.include_usage must be true or false, got "
+                f"{type(options['include_usage']).__name__}",
+                param="stream_options.include_usage",
+            )
         body["stream_options"] = options
+    elif body.get("stream_options") is not None:  # as OpenAI and vLLM answer, before sending
+        raise InvalidRequestError(
+            "stream_options applies only to a stream: use infer_stream(), or leave it out",
+            param="stream_options",
+        )
     return encode_body(body), _text_size(msgs)
 
 
