@@ -106,6 +106,20 @@ def serve_gateway(sim_fleet: Callable[..., SimSetup]) -> Iterator[Callable[..., 
         thread.stop()
 
 
+def raw_exchange(gw: GatewayServer, request: bytes) -> tuple[bytes, bytes]:
+    """Send ``request`` as it is, on a connection of its own, and read until the gateway closes
+    it: (status line and headers, body). For what an HTTP client refuses to send (a stalled
+    body, a length it will not send, whitespace around a header value)."""
+    port = int(gw.url.rsplit(":", 1)[1])
+    data = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:  # a safety net
+        sock.sendall(request)
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head, body
+
+
 def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
     """Poll until ``predicate()`` (the timeout is a safety net, not a measurement)."""
     deadline = time.monotonic() + timeout

@@ -6,7 +6,6 @@ called, and counted in the metrics with the outcome it had (never ``ok``).
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 
 from tests.conftest import MODEL
 
-from .conftest import GatewayServer
+from .conftest import GatewayServer, raw_exchange
 from .test_completions import MSGS, metric_samples, post, sse_events
 
 Make = Callable[..., GatewayServer]
@@ -164,15 +163,9 @@ def test_an_unexpected_failure_is_an_openai_shaped_500_counted_as_an_error(
 
 def test_a_body_that_stalls_gets_408_and_the_connection_is_closed(serve_gateway: Make) -> None:
     gw = serve_gateway(ONE_NODE, PROD, gateway="[gateway]\nbody_timeout_s = 0.5\n")
-    port = int(gw.url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:  # a safety net
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
-                     b'{"model":')
-        data = b""
-        while chunk := sock.recv(4096):  # until the gateway closes the connection
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
+    head, body = raw_exchange(gw, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                              b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                              b'{"model":')  # and no more: the gateway closes the connection
     assert head.startswith(b"HTTP/1.1 408 ")
     assert b"connection: close" in head.lower()
     err = json.loads(body)["error"]
@@ -186,18 +179,9 @@ def test_a_body_declared_too_large_gets_413_before_it_is_sent(serve_gateway: Mak
     the body (nor, stalling, wait for the body timeout)."""
     gw = serve_gateway(ONE_NODE, PROD, gateway="[gateway]\nmax_body_bytes = 2048\n"
                                                "body_timeout_s = 5\n")
-    port = int(gw.url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:  # a safety net
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: 10000000\r\n\r\n"
-                     b'{"model":')
-        data = b""
-        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
-            chunk = sock.recv(4096)
-            if not chunk:
-                break
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
+    head, body = raw_exchange(gw, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                              b"Connection: close\r\nContent-Type: application/json\r\n"
+                              b"Content-Length: 10000000\r\n\r\n" b'{"model":')
     assert head.startswith(b"HTTP/1.1 413 "), head
     assert "max_body_bytes" in json.loads(body)["error"]["message"]
     assert outcomes(gw) == {"invalid_request": 1}

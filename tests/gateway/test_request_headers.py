@@ -5,7 +5,6 @@ refused), and a policy name outside ASCII, as UTF-8 or as the gateway itself sen
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable
 from urllib.parse import quote
 
@@ -14,7 +13,7 @@ import pytest
 
 from tests.conftest import MODEL
 
-from .conftest import GATEWAY_KEY, GatewayServer
+from .conftest import GATEWAY_KEY, GatewayServer, raw_exchange
 
 Make = Callable[..., GatewayServer]
 MSGS = [{"role": "user", "content": "hi"}]
@@ -57,17 +56,12 @@ def test_whitespace_around_a_policy_header_is_not_part_of_the_name(keyed: Gatewa
     """RFC 9110 5.5: the whitespace around a field value is not part of it (a server may
     still pass it on)."""
     # Sent on a raw socket: httpx2 itself refuses to send such a value.
-    port = int(keyed.url.rsplit(":", 1)[1])
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:  # a safety net
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                     b"Authorization: Bearer " + GATEWAY_KEY.encode() + b"\r\n"
-                     b"x-zml-policy:" + sent + b"\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200 "), data
+    head, body = raw_exchange(
+        keyed, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Authorization: Bearer " + GATEWAY_KEY.encode() + b"\r\n"
+        b"x-zml-policy:" + sent + b"\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY)
+    assert head.startswith(b"HTTP/1.1 200 "), head
     assert json.loads(body)["zml_routing"]["policy"] == "prod"
 
 
