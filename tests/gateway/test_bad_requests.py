@@ -163,7 +163,7 @@ def test_an_unexpected_failure_is_an_openai_shaped_500_counted_as_an_error(
 
 def test_a_body_that_stalls_gets_408_and_the_connection_is_closed(serve_gateway: Make) -> None:
     gw = serve_gateway(ONE_NODE, PROD, gateway="[gateway]\nbody_timeout_s = 0.5\n")
-    head, body = raw_exchange(gw, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    head, body = raw_exchange(gw, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                               b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
                               b'{"model":')  # and no more: the gateway closes the connection
     assert head.startswith(b"HTTP/1.1 408 ")
@@ -179,7 +179,7 @@ def test_a_body_declared_too_large_gets_413_before_it_is_sent(serve_gateway: Mak
     the body (nor, stalling, wait for the body timeout)."""
     gw = serve_gateway(ONE_NODE, PROD, gateway="[gateway]\nmax_body_bytes = 2048\n"
                                                "body_timeout_s = 5\n")
-    head, body = raw_exchange(gw, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+    head, body = raw_exchange(gw, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                               b"Connection: close\r\nContent-Type: application/json\r\n"
                               b"Content-Length: 10000000\r\n\r\n" b'{"model":')
     assert head.startswith(b"HTTP/1.1 413 "), head

@@ -61,6 +61,11 @@ def test_a_file_without_the_table_gets_defaults(tmp_path: Path) -> None:
     ('[gateway]\nbody_timeout_s = nan\n', ["gateway.body_timeout_s = nan"]),
     ('[gateway]\nbody_timeout_s = true\n', ["gateway.body_timeout_s = True"]),
     ('[gateway]\nbody_timeout_s = "30"\n', ["gateway.body_timeout_s = '30'"]),
+    ('[gateway]\nallowed_hosts = "llm.example.com"\n',
+     ["gateway.allowed_hosts = 'llm.example.com'", "must be a list of host names"]),
+    ('[gateway]\nallowed_hosts = ["https://llm.example.com:443"]\n',
+     ["gateway.allowed_hosts", "is not a host name", "no scheme, port or path"]),
+    ('[gateway]\nallowed_hosts = [443]\n', ["gateway.allowed_hosts", "not 443"]),
 ])
 def test_a_bad_gateway_key_names_the_key_and_the_value(tmp_path: Path, gateway: str,
                                                        expected: list[str]) -> None:

@@ -83,9 +83,23 @@ def test_misspelled_field_is_refused() -> None:
         ChatZML(model=MODEL, temprature=0.2)
 
 
-def test_policy_and_accelerator_are_exclusive() -> None:
-    with pytest.raises(ValidationError, match="either policy= or accelerator="):
-        ChatZML(model=MODEL, policy="llama3-production", accelerator="H100")
+def test_policy_and_accelerator_are_exclusive(tmp_path: Path) -> None:
+    """Refused at construction with the error a call raises, not a ValidationError."""
+    config = tmp_path / "zml.toml"
+    config.write_text(
+        '[accelerators.H100]\n[[nodes]]\nid = "h100-1"\nfamily = "H100"\n'
+        f'url = "http://127.0.0.1:9"\nmodels = ["{MODEL}"]\nmax_concurrency = 1\n'
+    )
+    adhoc = {"name": "adhoc", "accelerator_chain": ["H100"]}
+    client = zml.Client(config=config, probe_interval_s=None)
+    with client, pytest.raises(zml.InvalidRequestError) as on_call:  # refused before sending
+        client.infer(MODEL, [{"role": "user", "content": "Hi"}], policy=adhoc, accelerator="H100")
+    for policy in ("llama3-production", adhoc):
+        with pytest.raises(zml.InvalidRequestError, match="either policy= or accelerator=") as info:
+            ChatZML(model=MODEL, policy=policy, accelerator="H100", config=config)
+        assert type(info.value) is zml.InvalidRequestError
+        assert info.value.param == on_call.value.param == "accelerator"
+        assert str(info.value) == str(on_call.value)
 
 
 def test_model_kwargs_cannot_shadow_fields_or_routing() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.load import dumps, loads
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessageChunk
 from pydantic import BaseModel, Field
 
@@ -296,3 +297,31 @@ def test_policy_objects_and_dicts(zml_config: Path, monkeypatch: pytest.MonkeyPa
         llm = ChatZML(model=MODEL, policy=ref, config=zml_config)
         assert llm._identifying_params["policy"] == (name if ref is policy else ref)
         assert_routed(llm.invoke("Hello"), "MI300X", policy=name)
+
+
+@pytest.mark.filterwarnings("ignore:The function `loads` is in beta")
+def test_a_policy_object_survives_dumps_and_loads(
+    zml_config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A zml.Policy is dumped as the dict of its fields, which policy= takes and routes alike."""
+    monkeypatch.setenv("ZML_CONFIG", str(zml_config))  # what zml.Policy validates against
+    policy = zml.Policy(name="amd-first", accelerator_chain=["MI300X", "H100"],
+                        latency_target_ms=5000.0, cost_priority="latency", health_threshold=0.25)
+    llm = ChatZML(model=MODEL, policy=policy, config=zml_config, temperature=0)
+    text = dumps(llm)
+    assert "not_implemented" not in text
+    loaded = loads(text, valid_namespaces=["langchain_zml"], allowed_objects=[ChatZML])
+    assert isinstance(loaded, ChatZML)
+    try:
+        assert loaded.policy == policy.model_dump(mode="json")
+        assert loaded._sync_client().policy(loaded.policy) == policy  # the same Policy, rebuilt
+        assert zml.Policy(**loaded.policy) == policy
+        assert dumps(loaded) == text
+        original = assert_routed(llm.invoke("Hello"), "MI300X", policy="amd-first")
+        again = assert_routed(loaded.invoke("Hello"), "MI300X", policy="amd-first")
+        assert [e["family"] for e in again["evaluated"]] == [
+            e["family"] for e in original["evaluated"]
+        ]
+    finally:
+        llm.close()
+        loaded.close()

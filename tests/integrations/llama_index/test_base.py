@@ -79,6 +79,29 @@ def test_config_registry_is_kept_and_serializes_as_its_source() -> None:
     assert llm.to_dict()["config"] == "/etc/zml/zml.toml"
 
 
+def test_policy_and_accelerator_together_are_refused_at_construction(tmp_path: Path) -> None:
+    """With the error a call raises for them (not a pydantic ValidationError), from the
+    constructor and from from_dict alike."""
+    config = tmp_path / "zml.toml"
+    config.write_text('[accelerators.H100]\n[[nodes]]\nid = "h100-a"\nfamily = "H100"\n'
+                      'url = "http://127.0.0.1:9"\nmodels = ["m"]\nmax_concurrency = 1\n')
+    adhoc = {"name": "adhoc", "accelerator_chain": ["H100"]}
+    client = zml.Client(config=config, probe_interval_s=None)
+    with client, pytest.raises(zml.InvalidRequestError) as on_call:  # refused before sending
+        client.infer("m", [{"role": "user", "content": "hi"}], policy=adhoc, accelerator="H100")
+    for build in (
+        lambda: ZML(model="m", policy="p", accelerator="H100"),
+        lambda: ZML(model="m", policy=adhoc, accelerator="H100", config=config),
+        lambda: ZML.from_dict({"model": "m", "policy": "p", "accelerator": "H100"}),
+    ):
+        with pytest.raises(zml.InvalidRequestError, match="either policy= or accelerator=") as info:
+            build()
+        assert type(info.value) is zml.InvalidRequestError
+        assert info.value.param == on_call.value.param == "accelerator"
+        assert str(info.value) == str(on_call.value)
+    assert ZML(model="m", accelerator="H100").accelerator == "H100"  # either one alone is fine
+
+
 def test_no_client_before_first_call() -> None:
     llm = ZML(model="m", config="/nonexistent/zml.toml")  # read lazily, on the first call
     assert not llm._clients.built

@@ -237,10 +237,7 @@ class BaseClient:
 
             validate_messages(messages)
         resolved = resolve_policy(policy, self.registry, self.policies)
-        if resolved is not None and accelerator is not None:
-            raise InvalidRequestError(
-                "pass either policy= or accelerator=, not both", param="accelerator"
-            )
+        _one_routing_mode(resolved, accelerator)
         return self._dispatcher.explain(resolved, model, accelerator, messages)
 
     def _call(
@@ -265,12 +262,7 @@ class BaseClient:
                 param="stream",
             )
         resolved = resolve_policy(policy, self.registry, self.policies)
-        if resolved is not None and accelerator is not None:
-            raise InvalidRequestError(
-                "pass either policy= or accelerator=, not both: accelerator= pins one family "
-                "(the 0.2 style), a policy gives a chain",
-                param="accelerator",
-            )
+        _one_routing_mode(resolved, accelerator)
         return self._dispatcher.start(
             model=model,
             messages=messages,
@@ -293,6 +285,15 @@ def validated_completion(data: dict[str, Any], routing: RoutingInfo, node_id: st
             node_id=node_id,
             routing=routing,
         ) from None
+
+
+def _one_routing_mode(policy: Policy | None, accelerator: str | None) -> None:
+    if policy is not None and accelerator is not None:
+        raise InvalidRequestError(
+            "pass either policy= or accelerator=, not both: accelerator= pins one family "
+            "(the 0.2 style), a policy gives a chain",
+            param="accelerator",
+        )
 
 
 def check_http_client(value: object, expected: type, kind: str) -> None:

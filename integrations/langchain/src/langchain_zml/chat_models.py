@@ -123,7 +123,11 @@ class ChatZML(BaseChatModel):
 
     Errors: ``zml.RoutingError`` (no node could take the request; ``.routing_context`` says
     why), ``zml.PolicyConfigError`` (a bad policy or zml.toml) and the other ``zml.ZMLError``
-    subclasses propagate unchanged.
+    subclasses propagate unchanged. ``policy=`` and ``accelerator=`` together raise
+    ``zml.InvalidRequestError`` at construction, as they do on a call.
+
+    Serialization: ``dumps``/``loads`` carry a ``zml.Policy`` as the dict of its fields,
+    which ``policy=`` takes and routes the same.
     """
 
     model_config = ConfigDict(populate_by_name=True, extra="forbid", protected_namespaces=())
@@ -204,13 +208,19 @@ class ChatZML(BaseChatModel):
             )
         return value
 
-    @model_validator(mode="after")
-    def _one_routing_mode(self) -> ChatZML:
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # Here rather than in a validator: pydantic would wrap zml.InvalidRequestError (a
+        # ValueError) in a ValidationError, and the caller is owed the error a call raises.
         if self.policy is not None and self.accelerator is not None:
-            raise ValueError(
-                "pass either policy= or accelerator=, not both: accelerator pins one family, "
-                "a policy gives a chain of them"
+            raise zml.InvalidRequestError(
+                "pass either policy= or accelerator=, not both: accelerator= pins one family "
+                "(the 0.2 style), a policy gives a chain",
+                param="accelerator",
             )
+
+    @model_validator(mode="after")
+    def _fields_given_once(self) -> ChatZML:
         twice = sorted(
             k for k in self.model_kwargs if k in _PARAM_FIELDS and getattr(self, k) is not None
         )
@@ -274,6 +284,15 @@ class ChatZML(BaseChatModel):
     @property
     def lc_secrets(self) -> dict[str, str]:
         return {"api_key": "ZML_API_KEY"}
+
+    @property
+    def lc_attributes(self) -> dict[str, Any]:
+        # dumps() would write a zml.Policy (not a LangChain Serializable) as "not_implemented",
+        # which loads() refuses. Its dict of fields is a policy= too: the client builds the
+        # same Policy from it, against its own registry, as it checks a Policy against it.
+        if isinstance(self.policy, zml.Policy):
+            return {"policy": self.policy.model_dump(mode="json")}
+        return {}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         model = kwargs.get("model")

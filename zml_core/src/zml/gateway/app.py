@@ -1,9 +1,10 @@
 """The gateway's ASGI application: ``create_app(config)`` builds it, uvicorn serves it.
 
 One :class:`zml.AsyncClient` per app does all routing, failover and accounting, exactly as in a
-Python program; the app adds only what HTTP callers need: auth with gateway keys, the choice
-of policy from a header or an alias, routing metadata in headers and bodies, OpenAI-shaped
-errors and Prometheus metrics. Routes:
+Python program; the app adds only what HTTP callers need: auth with gateway keys, the refusal
+of web pages' requests (:mod:`zml.gateway.hosts`), the choice of policy from a header or an
+alias, routing metadata in headers and bodies, OpenAI-shaped errors and Prometheus metrics.
+Routes:
 
 =============================  ===============================================================
 ``POST /v1/chat/completions``  chat completions, JSON or SSE (:mod:`zml.gateway.completions`)
@@ -46,6 +47,7 @@ from zml.probe import health_says_up
 from .auth import KeyRing
 from .completions import AttemptLabels, ChatCompletions
 from .errors import error_reply
+from .hosts import HostCheckMiddleware
 from .metrics import CONTENT_TYPE, GatewayMetrics
 from .request_id import ForwardRequestId, RequestIdMiddleware
 from .selection import Selector
@@ -202,6 +204,9 @@ def create_app(config: str | os.PathLike[str] | Registry | None = None, *,
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        if request.url.path.startswith("/v1/") and not gateway.authorized(request):
+            # As every /v1 route answers: which paths exist is not for callers without a key.
+            return _error(401, "a valid gateway API key is required", "invalid_api_key")
         code = "not_found" if exc.status_code == 404 else "method_not_allowed" \
             if exc.status_code == 405 else None
         return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
@@ -218,8 +223,12 @@ def create_app(config: str | os.PathLike[str] | Registry | None = None, *,
         ],
         lifespan=lifespan,
         exception_handlers={HTTPException: http_error},
-        middleware=[Middleware(RequestIdMiddleware)],
+        middleware=[Middleware(RequestIdMiddleware),
+                    Middleware(HostCheckMiddleware, gateway=gateway)],
     )
+    # A path with a trailing slash is a 404 like any unknown path, not a redirect: a client
+    # that does not follow a POST's 307 (most do not) saw an empty reply with no error.
+    app.router.redirect_slashes = False
     app.state.gateway = gateway
     return app
 

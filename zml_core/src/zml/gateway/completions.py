@@ -231,34 +231,37 @@ class ChatCompletions:
         gw = self.gateway
         started = time.perf_counter()
         authorization = policy_header = content_type = length = None
-        repeated: str | None = None
+        two_keys = two_policies = False
         for name, value in scope["headers"]:
             if name == b"authorization":
-                repeated = repeated or ("Authorization" if authorization is not None else None)
+                two_keys = two_keys or authorization is not None
                 authorization = value
             elif name == b"x-zml-policy":
-                repeated = repeated or ("x-zml-policy" if policy_header is not None else None)
+                two_policies = two_policies or policy_header is not None
                 policy_header = value
             elif name == b"content-type":
                 content_type = value
             elif name == b"content-length":  # the server checked it is one number
                 length = value
+        key: GatewayKey | None = None
+        if gw.keys.enabled:  # first: a caller without a key learns nothing of the request
+            key = None if two_keys else gw.keys.authenticate(authorization)
+            if key is None:
+                gw.metrics.finished(None, "", "", "unauthorized", False, 0.0)
+                await send_error(send, error_reply(
+                    401, ("the request has more than one Authorization header: send one, "
+                          "'Authorization: Bearer <key>'" if two_keys else
+                          "a valid gateway API key is required: send 'Authorization: Bearer "
+                          "<key>' with a key the gateway's operator issued"),
+                    "invalid_request_error", code="invalid_api_key",
+                    headers=[(b"www-authenticate", b"Bearer")], outcome="unauthorized"))
+                return
+        repeated = "Authorization" if two_keys else "x-zml-policy" if two_policies else None
         if repeated is not None:
             gw.metrics.finished(None, "", "", "invalid_request", False, 0.0)
             await send_error(send, invalid_request(
                 f"the request has more than one {repeated} header: send one", repeated.lower()))
             return
-        key: GatewayKey | None = None
-        if gw.keys.enabled:
-            key = gw.keys.authenticate(authorization)
-            if key is None:
-                gw.metrics.finished(None, "", "", "unauthorized", False, 0.0)
-                await send_error(send, error_reply(
-                    401, "a valid gateway API key is required: send 'Authorization: Bearer "
-                    "<key>' with a key the gateway's operator issued", "invalid_request_error",
-                    code="invalid_api_key", headers=[(b"www-authenticate", b"Bearer")],
-                    outcome="unauthorized"))
-                return
         if content_type is not None and not _json_type(content_type):
             gw.metrics.finished(None, "", "", "invalid_request", False, 0.0)
             await send_error(send, _not_json(content_type))

@@ -10,6 +10,7 @@ never reads it); it is validated here, when a gateway is built, so that a typo i
     api_keys_file = "gateway-keys.txt"     # and/or SHA-256 hashes in a file (see zml.gateway.auth)
     max_body_bytes = 4194304               # larger request bodies get 413
     body_timeout_s = 30                    # a body not in full by then gets 408
+    allowed_hosts = ["llm.example.com"]    # names besides loopback ones (zml.gateway.hosts)
 
     [gateway.aliases]
     "chat" = { model = "meta-llama/llama-3-8b-instruct", policy = "llama3-production" }
@@ -17,6 +18,7 @@ never reads it); it is validated here, when a gateway is built, so that a typo i
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,9 +33,12 @@ from zml.config import (
     suggest,
     without_secrets,
 )
-from zml.errors import PolicyConfigError
+from zml.errors import PolicyConfigError, safe_detail
 
 __all__ = ["Alias", "GatewaySettings", "gateway_settings"]
+
+_HOST = re.compile(r"\.?[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?|\[?[0-9A-Fa-f:.]+\]?")
+"""A host name (a leading dot: the domain and its subdomains) or an IPv4/IPv6 address."""
 
 NODE_KEY_ENV = "ZML_API_KEY"
 """Where the node key comes from (the client's default); gateway keys must live elsewhere."""
@@ -70,6 +75,25 @@ class GatewaySettings(_Strict):
     body_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False, strict=True)
     """Seconds a request's body may take to arrive in full, from its headers (408 beyond): a
     client that stalls mid-body must not hold a connection open for ever."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names, besides loopback ones, that a request arriving over loopback may be
+    addressed to, and that a web page's ``Origin`` may name (``.example.com``: the domain and
+    its subdomains; ``"*"``: any host, both checks off). See :mod:`zml.gateway.hosts`."""
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_names(cls, value: Any) -> Any:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError('must be a list of host names, e.g. ["llm.example.com"]')
+        for item in value:
+            if not isinstance(item, str):
+                raise ValueError(f"must hold host names (strings), not {item!r}")
+            if item != "*" and not _HOST.fullmatch(item):
+                raise ValueError(
+                    f"{safe_detail(item, 80)!r} is not a host name: give the name alone (no "
+                    'scheme, port or path), ".example.com" for a domain and its subdomains, '
+                    'or "*" for any host')
+        return value
 
     @field_validator("api_keys_env")
     @classmethod

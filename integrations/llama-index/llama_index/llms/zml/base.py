@@ -79,6 +79,8 @@ class ZML(FunctionCallingLLM):
     or zml's own ``policy``, ``accelerator``, ``timeout`` and ``metadata``; unknown names raise
     ``zml.InvalidRequestError`` rather than being dropped. zml's errors (``zml.RoutingError``
     with its ``routing_context``, ``zml.NodeError`` subclasses, ...) propagate unchanged.
+    ``policy`` and ``accelerator`` together raise ``zml.InvalidRequestError`` at
+    construction, as they do on a call.
 
     Token log-probabilities: ``logprobs=True`` (and ``top_logprobs=k``) fill
     ``response.logprobs``, one list of ``LogProb`` per generated token, streamed too.
@@ -153,6 +155,12 @@ class ZML(FunctionCallingLLM):
     )
 
     _clients: zml.LoopClients = PrivateAttr(default_factory=zml.LoopClients)
+
+    def __init__(self, **data: Any) -> None:
+        super().__init__(**data)
+        # Here rather than in a validator: pydantic would wrap zml.InvalidRequestError (a
+        # ValueError) in a ValidationError, and the caller is owed the error a call raises.
+        _check_routing_mode(self.policy, self.accelerator)
 
     @model_validator(mode="before")
     @classmethod
@@ -409,6 +417,16 @@ class ZML(FunctionCallingLLM):
             )
             for call in calls
         ]
+
+
+def _check_routing_mode(policy: object, accelerator: str | None) -> None:
+    """Refuse a policy and an accelerator together, with the error ``infer`` raises for them."""
+    if policy is not None and accelerator is not None:
+        raise zml.InvalidRequestError(
+            "pass either policy= or accelerator=, not both: accelerator= pins one family "
+            "(the 0.2 style), a policy gives a chain",
+            param="accelerator",
+        )
 
 
 def _resolve_tool_choice(
