@@ -53,6 +53,7 @@ def test_a_file_without_the_table_gets_defaults(tmp_path: Path) -> None:
     ('[gateway]\ndefault_polcy = "prod"\n',
      ["unknown key gateway.default_polcy", "did you mean 'default_policy'"]),
     ('[gateway]\nmax_body_bytes = 10\n', ["gateway.max_body_bytes = 10"]),
+    ('[gateway]\nmax_body_bytes = "4096"\n', ["gateway.max_body_bytes = '4096'"]),
     ('[gateway.aliases]\n"chat" = { modle = "x" }\n', ["unknown key gateway.aliases.chat.modle",
                                                        "did you mean 'model'"]),
     ('[gateway]\napi_keys_env = "ZML_API_KEY"\n', ["gateway.api_keys_env", "node"]),

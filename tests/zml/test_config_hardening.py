@@ -138,6 +138,34 @@ def test_counts_must_be_integers_not_strings(field: str) -> None:
     assert "valid integer" in str(info.value)
 
 
+NODE_TOML = ('[[nodes]]\nid = "n1"\nfamily = "H100"\nurl = "http://127.0.0.1:8000"\n'
+             'models = ["m"]\nmax_concurrency = 1\n')
+
+
+@pytest.mark.parametrize(("table", "key", "where"), [
+    ("[accelerators.H100]\n", "cost_per_hour", "accelerators.H100.cost_per_hour"),
+    ("[accelerators.H100]\n", "cost_per_1k_tokens", "accelerators.H100.cost_per_1k_tokens"),
+    ("[accelerators.H100.sim]\n", "ttft_ms", "accelerators.H100.sim.ttft_ms"),
+    ("[accelerators.H100.sim]\n", "kv_cache_tokens", "accelerators.H100.sim.kv_cache_tokens"),
+    ("[nodes.sim]\n", "queue_size", "nodes[0].sim.queue_size"),
+    ("[nodes.sim.faults]\n", "error_rate", "nodes[0].sim.faults.error_rate"),
+    ("[nodes.sim.faults]\n", "seed", "nodes[0].sim.faults.seed"),
+])
+@pytest.mark.parametrize("value", ['"4"', "true"])
+def test_every_number_of_the_file_is_a_number_not_a_string_or_a_bool(
+        tmp_path: Path, table: str, key: str, where: str, value: str) -> None:
+    """As for nodes and policies: ``"4"`` is a typo'd number, ``true`` is not 1 (pydantic's lax
+    mode would have taken both)."""
+    path = tmp_path / "zml.toml"
+    head = "[accelerators.H100]\n" if table.startswith("[nodes") else ""
+    body = NODE_TOML if table.startswith("[nodes") else ""
+    path.write_text(head + body + table + f"{key} = {value}\n")
+    with pytest.raises(zml.PolicyConfigError) as info:
+        load_registry(path)
+    assert info.value.field == where, str(info.value)
+    assert f"{where} = " in str(info.value)
+
+
 def test_api_key_env_names_an_environment_variable() -> None:
     assert _node(api_key_env="H100_KEY").api_key_env == "H100_KEY"
     for bad in ["1KEY", "MY-KEY", "", "A B", "sk-abc123"]:

@@ -100,20 +100,20 @@ class SimProfileConfig(_Strict):
     same fields for one node and wins over the family's.
     """
 
-    ttft_ms: float | None = Field(default=None, gt=0)
-    tokens_per_s: float | None = Field(default=None, gt=0)
-    prefill_tokens_per_s: float | None = Field(default=None, gt=0)
-    batch_slowdown: float | None = Field(default=None, ge=0)
-    context_ms_per_1k_tokens: float | None = Field(default=None, ge=0)
-    kv_cache_tokens: int | None = Field(default=None, ge=1)
+    ttft_ms: float | None = Field(default=None, strict=True, gt=0)
+    tokens_per_s: float | None = Field(default=None, strict=True, gt=0)
+    prefill_tokens_per_s: float | None = Field(default=None, strict=True, gt=0)
+    batch_slowdown: float | None = Field(default=None, strict=True, ge=0)
+    context_ms_per_1k_tokens: float | None = Field(default=None, strict=True, ge=0)
+    kv_cache_tokens: int | None = Field(default=None, strict=True, ge=1)
 
 
 class AcceleratorConfig(_Strict):
     """``[accelerators.NAME]``: one accelerator family."""
 
-    cost_per_hour: float | None = Field(default=None, ge=0)
+    cost_per_hour: float | None = Field(default=None, strict=True, ge=0)
     """USD per node-hour; used by the default cost model and by ``cost_priority="balanced"``."""
-    cost_per_1k_tokens: float | None = Field(default=None, ge=0)
+    cost_per_1k_tokens: float | None = Field(default=None, strict=True, ge=0)
     """USD per 1,000 tokens (prompt + completion); when set, the cost model uses it instead."""
     sim: SimProfileConfig = Field(default_factory=SimProfileConfig.model_construct)
     """The family's simulated performance (used by simulated nodes and replay only)."""
@@ -122,20 +122,20 @@ class AcceleratorConfig(_Strict):
 class FaultConfig(_Strict):
     """``[nodes.sim.faults]``: faults the simulated node injects (ignored for real nodes)."""
 
-    error_rate: float = Field(default=0.0, ge=0, le=1)
-    error_status: int = Field(default=503, ge=400, le=599)
-    retry_after_s: float | None = Field(default=None, ge=0)
-    drop_rate: float = Field(default=0.0, ge=0, le=1)
-    stall_s: float = Field(default=0.0, ge=0)
-    malformed_rate: float = Field(default=0.0, ge=0, le=1)
-    seed: int = 0
+    error_rate: float = Field(default=0.0, strict=True, ge=0, le=1)
+    error_status: int = Field(default=503, strict=True, ge=400, le=599)
+    retry_after_s: float | None = Field(default=None, strict=True, ge=0)
+    drop_rate: float = Field(default=0.0, strict=True, ge=0, le=1)
+    stall_s: float = Field(default=0.0, strict=True, ge=0)
+    malformed_rate: float = Field(default=0.0, strict=True, ge=0, le=1)
+    seed: int = Field(default=0, strict=True)
 
 
 class SimConfig(SimProfileConfig):
     """``[nodes.sim]``: the performance profile of a simulated node (defaults per family), the
     fields of ``[accelerators.NAME.sim]`` plus the node's queue and faults."""
 
-    queue_size: int = Field(default=64, ge=0)
+    queue_size: int = Field(default=64, strict=True, ge=0)
     faults: FaultConfig = Field(default_factory=FaultConfig.model_construct)
 
 

@@ -70,7 +70,7 @@ class GatewaySettings(_Strict):
     """An environment variable holding the gateway keys, comma-separated."""
     api_keys_file: str | None = None
     """A file of SHA-256 hashes of gateway keys, relative to the config file's folder."""
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, strict=True)
     """The largest request body accepted (413 beyond)."""
     body_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False, strict=True)
     """Seconds a request's body may take to arrive in full, from its headers (408 beyond): a
