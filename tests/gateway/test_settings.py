@@ -84,6 +84,14 @@ def test_a_key_pasted_into_api_keys_env_is_never_shown(tmp_path: Path) -> None:
     assert key not in str(info.value) and info.value.value is None
 
 
+def test_a_key_pasted_under_a_wrong_name_is_not_kept_in_the_error(tmp_path: Path) -> None:
+    key = "gw-PASTED-GATEWAY-KEY-987654"
+    with pytest.raises(zml.PolicyConfigError) as info:
+        gateway_settings(load_registry(write(tmp_path, f'[gateway]\napi_keys = ["{key}"]\n')))
+    assert "unknown key gateway.api_keys" in str(info.value)
+    assert key not in str(info.value) and info.value.value is None
+
+
 @pytest.mark.parametrize(("gateway", "expected"), [
     ('[gateway]\ndefault_policy = "prd"\n', ["default_policy = 'prd'", "known: prod"]),
     ('[gateway.aliases]\n"chat" = { model = "other-model" }\n', ["no node serves model "

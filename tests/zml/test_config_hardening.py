@@ -10,7 +10,14 @@ import pytest
 
 import zml
 from zml.cli import main
-from zml.config import NodeConfig, display_url, load_registry, node_api_key, redact_url
+from zml.config import (
+    NodeConfig,
+    display_url,
+    load_registry,
+    node_api_key,
+    redact_url,
+    registry_from_mapping,
+)
 
 
 def _node(**fields: Any) -> NodeConfig:
@@ -164,6 +171,29 @@ def test_every_number_of_the_file_is_a_number_not_a_string_or_a_bool(
         load_registry(path)
     assert info.value.field == where, str(info.value)
     assert f"{where} = " in str(info.value)
+
+
+def test_a_key_pasted_under_a_wrong_name_is_not_kept_in_the_error(tmp_path: Path) -> None:
+    key = "sk-live-PASTED-NODE-KEY-123456"
+    path = tmp_path / "zml.toml"
+    path.write_text("[accelerators.H100]\n" + NODE_TOML + f'api_key = "{key}"\n')
+    with pytest.raises(zml.PolicyConfigError) as info:
+        load_registry(path)
+    assert "unknown key nodes[0].api_key; did you mean 'api_key_env'?" in str(info.value)
+    assert key not in repr(info.value) and info.value.value is None
+
+
+@pytest.mark.parametrize("url", [b"http://admin:hunter2@n1:8000", bytearray(b"http://n1:8000")])
+def test_a_node_url_must_be_a_string_not_bytes(url: object) -> None:
+    """pydantic would take bytes for a str, past the no-credentials rule (credentials and all,
+    which the HTTP client then sends as Basic auth)."""
+    with pytest.raises(zml.PolicyConfigError) as info:
+        _node(url=url)
+    assert "url must be a string" in str(info.value) and info.value.field == "url"
+    assert "hunter2" not in str(info.value)
+    with pytest.raises(zml.PolicyConfigError, match="url must be a string"):
+        registry_from_mapping({"accelerators": {"H100": {}}, "nodes": [
+            {"id": "n1", "family": "H100", "url": url, "models": ["m"], "max_concurrency": 1}]})
 
 
 def test_api_key_env_names_an_environment_variable() -> None:

@@ -98,14 +98,20 @@ class Nodes:
     def __init__(self) -> None:
         self.status: dict[str, int] = {}
         self.hosts: list[str] = []
+        self.answer: dict[str, Callable[[dict[str, Any]], httpx2.Response]] = {}
+        """Per host, a function of the request body giving the answer (instead of the usual)."""
+        self.headers: list[httpx2.Headers] = []
 
     def handler(self, request: httpx2.Request) -> httpx2.Response:
         host = request.url.host
         self.hosts.append(host)
+        self.headers.append(request.headers)
         body = json.loads(request.content)
         status = self.status.get(host, 200)
         if status != 200:
             return httpx2.Response(status, json={"error": {"message": f"status {status}"}})
+        if host in self.answer:
+            return self.answer[host](body)
         if body.get("stream"):
             return httpx2.Response(200, content=sse(body["model"]),
                                    headers={"content-type": "text/event-stream"})

@@ -12,7 +12,7 @@ import pytest
 import zml
 from zml.plugins.policy_sources import SourcePolicies
 
-from .conftest import Driver
+from .conftest import Driver, Nodes
 
 
 class DictSource:
@@ -134,6 +134,52 @@ def test_a_failing_source_is_reported_as_a_config_error(driver: Driver) -> None:
     driver.plugins.register(SourcePlugin(Down({}, name="down")), name="down")
     with pytest.raises(zml.PolicyConfigError, match=r"'down' failed .*store unreachable"):
         driver.infer(policy="prod")
+
+
+SECRET_URL = "postgresql://app:hunter2pw@db.internal/policies"
+
+
+@pytest.mark.parametrize("method", ["get", "version", "list"])
+def test_a_failing_sources_error_is_typed_and_shows_no_credentials(
+        config: Path, method: str) -> None:
+    class Down(DictSource):
+        pass
+
+    def fail(*_: Any) -> Any:
+        raise ConnectionError(f"could not connect to {SECRET_URL}")
+
+    source = Down({"p": {"accelerator_chain": ["H100"]}}, name="pg")
+    client = zml.Client(config=config)
+    client.plugins.register(SourcePlugin(source), name="pg")
+    setattr(source, method, fail)
+    with pytest.raises(zml.PolicyConfigError) as info:
+        list(client.policies) if method == "list" else client.policies.get("p")
+    message = str(info.value)
+    assert "'pg'" in message and "ConnectionError" in message
+    assert "hunter2pw" not in message and "db.internal" in message
+    client.close()
+
+
+def test_a_registration_that_raises_when_the_client_is_built_fails_named_lookups_only(
+        config: Path, caplog: pytest.LogCaptureFixture) -> None:
+    class Down:
+        @zml.hookimpl
+        def zml_register_policy_sources(self, register: Callable[[Any], None]) -> None:
+            raise ConnectionError(f"could not connect to {SECRET_URL}")
+
+    zml.plugins.register(Down(), name="down-at-build")
+    try:
+        # as for an installed plugin: the sources are collected when the client is built
+        driver = Driver("sync", config, Nodes())
+    finally:
+        zml.plugins.unregister(name="down-at-build")
+    assert "zml_register_policy_sources failed" in caplog.text and "hunter2pw" not in caplog.text
+    with pytest.raises(zml.PolicyConfigError, match="zml_register_policy_sources failed"):
+        driver.infer(policy="prod")
+    assert driver.infer(accelerator="H100").routing.node_id == "h100-a"  # no name: it routes
+    driver.plugins.unregister(name="down-at-build")
+    assert driver.infer(policy="prod").routing.policy == "prod"  # names resolve once it is gone
+    driver.close()
 
 
 def test_unknown_name_lists_every_source(driver: Driver) -> None:

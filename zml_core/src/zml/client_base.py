@@ -280,8 +280,13 @@ def validated_completion(data: dict[str, Any], routing: RoutingInfo, node_id: st
     try:
         return ChatCompletion.model_validate(data)
     except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+        where = where.lstrip(".") or "the answer"
+        what = f"{where} is missing" if err["type"] == "missing" else \
+            f"{where} ({type(err.get('input')).__name__}): {err['msg']}"  # (not its value)
         raise NodeProtocolError(
-            f"node {node_id!r} returned a malformed chat completion: {exc.errors()[0]['msg']}",
+            f"node {node_id!r} returned a malformed chat completion: {what}",
             node_id=node_id,
             routing=routing,
         ) from None
@@ -338,7 +343,12 @@ def finish(call: Call, step: Step, data: dict[str, Any]) -> ChatCompletion:
     except BaseException as exc:
         call.ended(exc)
         raise
-    reason = completion.choices[0].finish_reason if completion.choices else None
-    call.succeeded(step, data.get("usage"),
-                   ResponseSummary(completion.id, completion.model, reason))
+    choices = completion.choices
+    reason = choices[0].finish_reason if choices else None
+    reasons = tuple(c.finish_reason for c in sorted(choices, key=lambda c: c.index)
+                    if c.finish_reason)
+    usage = completion.usage
+    # hooks get the counts the caller sees (checked), not the node's own dict
+    call.succeeded(step, None if usage is None else usage.model_dump(),
+                   ResponseSummary(completion.id, completion.model, reason, reasons))
     return completion

@@ -164,8 +164,16 @@ class NodeConfig(_Strict):
     def _no_secrets_in_url(cls, data: Any) -> Any:
         # Raised as PolicyConfigError, not ValueError, so that pydantic does not copy the URL
         # (and its password) into the error as the bad "input".
-        if isinstance(data, Mapping) and isinstance(data.get("url"), str):
-            url_problem(data["url"], data.get("id"))
+        if isinstance(data, Mapping):
+            url = data.get("url")
+            if isinstance(url, bytes | bytearray | memoryview):
+                # (pydantic would take bytes as a str, credentials and all; not shown)
+                who = f"node {data.get('id')!r}" if data.get("id") is not None else "a node"
+                raise PolicyConfigError(
+                    f"{who}: url must be a string (\"http://host:port\"), got "
+                    f"{type(url).__name__} (not shown)", field="url")
+            if isinstance(url, str):
+                url_problem(url, data.get("id"))
         return data
 
     @field_validator("url")
@@ -555,6 +563,7 @@ def config_error_from_validation(
         model_fields = _fields_at(err["loc"][:-1])
         hint = suggest(key, model_fields) if model_fields else None
         msg = f"{where}: unknown key {loc}" + (f"; did you mean {hint!r}?" if hint else "")
+        value = None  # not kept: a key pasted under a wrong name (api_key = "sk-...") is one
     elif err["type"] == "missing":
         msg = f"{where}: {loc} is required"
         value = None

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -86,6 +87,8 @@ FAMILY_PRIORS: Mapping[str, tuple[float, float]] = MappingProxyType({
 """``(ttft_ms, prefill_tokens_per_s)`` per built-in family (the profiles of zml.sim)."""
 DEFAULT_PRIOR: tuple[float, float] = FAMILY_PRIORS["A100"]
 """The prior of a family that is not in ``FAMILY_PRIORS``."""
+_plugin_log = logging.getLogger("zml.plugins")
+
 _LOWER_PRIORS = MappingProxyType({k.lower(): v for k, v in FAMILY_PRIORS.items()})
 
 class NodeState:
@@ -133,8 +136,9 @@ class NodeState:
         self.id: str = config.id
         self.family: str = config.family
         self.url: str = config.url
-        self.address: str = redact_url(config.url).split("://", 1)[-1]
-        """host:port[/path] of the node, as shown in routing metadata and telemetry."""
+        self.address: str = _address(redact_url(config.url))
+        """host:port[/path] of the node, as shown in routing metadata and telemetry (the port
+        is the scheme's, 80 or 443, when the URL names none)."""
         self.completion_url: str = completion_url(config.url)
         self.models: frozenset[str] = frozenset(config.models)
         self.kind = config.kind
@@ -262,6 +266,7 @@ class Fleet:
         self._empty: tuple[NodeState, ...] = ()
         self.ledger: SlotLedger | None = None
         """A cross-process slot ledger (set by a shared-state plugin), or None."""
+        self._ledger_reported = False
 
     # --- capacity notifications ------------------------------------------------------------
 
@@ -469,9 +474,19 @@ class Fleet:
                 node.trial_in_flight = False
             self._touch(node)
         if reservation.lease_id is not None and self.ledger is not None:
-            self.ledger.release(node, reservation.lease_id)
+            try:
+                self.ledger.release(node, reservation.lease_id)
+            except Exception as exc:  # "must not raise": the local slot is free all the same
+                self._ledger_failed(exc)
         self.notify_capacity()
         return True
+
+    def _ledger_failed(self, exc: Exception) -> None:
+        level = logging.DEBUG if self._ledger_reported else logging.WARNING
+        self._ledger_reported = True
+        _plugin_log.log(level, "the slot ledger %s raised in release (the local slot is freed; "
+                        "further errors are logged at DEBUG)", type(self.ledger).__name__,
+                        exc_info=exc)
 
     def lease_refused(self, reservation: Reservation, now: float) -> None:
         """The ledger says ``reservation``'s node is full (other processes hold its slots):
@@ -555,3 +570,21 @@ def _prior(family: str, acc: Any) -> tuple[float, float | None]:
 
 def _ewma(old: float | None, sample: float) -> float:
     return sample if old is None else old + EWMA_ALPHA * (sample - old)
+
+
+_DEFAULT_PORTS = MappingProxyType({"http": 80, "https": 443})
+
+
+def _address(url: str) -> str:
+    """``url`` without its scheme, with the port made explicit: ``https://n1.example/v1`` is
+    ``n1.example:443/v1`` (telemetry's ``server.port`` is read from it)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, path = rest.partition("/")
+    host, colon, port = netloc.rpartition(":")
+    has_port = bool(colon) and port.isdigit() and host.startswith("[") == host.endswith("]")
+    default = _DEFAULT_PORTS.get(scheme.lower())
+    if has_port or default is None or not netloc:
+        return rest
+    return f"{netloc}:{default}{slash}{path}"

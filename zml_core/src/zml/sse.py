@@ -135,8 +135,8 @@ class StreamDecoder:
     or empty delta is not progress: the first-token timeout waits for progress.
     """
 
-    __slots__ = ("_choices", "_zero", "chunks", "done", "finish_reason", "last", "node_id",
-                 "parts", "progressed", "routing", "usage")
+    __slots__ = ("_choices", "_zero", "_zero_reason", "chunks", "done", "finish_reason", "last",
+                 "node_id", "parts", "progressed", "routing", "usage")
 
     def __init__(self, node_id: str, routing: RoutingInfo | None = None) -> None:
         self.node_id: str = node_id
@@ -149,7 +149,8 @@ class StreamDecoder:
         self.last: ChatCompletionChunk | None = None
         self.parts: list[str] = []
         self._zero = 0  # the choice of index 0: 0 not seen, 1 seen, 2 finished
-        self._choices: dict[int, bool] | None = None  # the others: whether each finished
+        self._zero_reason: str | None = None
+        self._choices: dict[int, str | None] | None = None  # the others: each one's reason
 
     @property
     def text(self) -> str:
@@ -197,9 +198,10 @@ class StreamDecoder:
                 self.finish_reason = reason
             index = choice.index
             if index:  # n > 1 (rare): the other choices are followed one by one
-                self._other(index, bool(reason))
+                self._other(index, reason)
             elif reason:
                 self._zero = 2
+                self._zero_reason = reason
             elif not self._zero:
                 self._zero = 1
         if chunk.usage is not None:
@@ -209,11 +211,19 @@ class StreamDecoder:
         self.last = chunk
         return chunk
 
-    def _other(self, index: int, finished: bool) -> None:
+    def _other(self, index: int, reason: str | None) -> None:
         choices = self._choices
         if choices is None:
             choices = self._choices = {}
-        choices[index] = finished or choices.get(index, False)
+        choices[index] = reason or choices.get(index)
+
+    @property
+    def finish_reasons(self) -> tuple[str, ...]:
+        """Each choice's finish_reason so far, in index order (the choices that got one)."""
+        reasons = [] if self._zero_reason is None else [self._zero_reason]
+        if self._choices:
+            reasons.extend(r for _, r in sorted(self._choices.items()) if r)
+        return tuple(reasons)
 
     @property
     def finished(self) -> bool:

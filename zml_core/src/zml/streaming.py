@@ -147,7 +147,7 @@ class _Base:
             decoder = op.decoder
             last = decoder.last
             summary = ResponseSummary(last.id if last else None, last.model if last else None,
-                                      decoder.finish_reason)
+                                      decoder.finish_reason, decoder.finish_reasons)
             usage = None if decoder.usage is None else decoder.usage.model_dump()
             self._call.succeeded(op.step, usage, summary)
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "Attempt",
@@ -135,9 +135,9 @@ class Usage(_Open):
     """Token counts of a request; a node's details (``prompt_tokens_details``,
     ``completion_tokens_details``) are kept as extra fields, plain dicts."""
 
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
+    prompt_tokens: int = Field(default=0, strict=True, ge=0)
+    completion_tokens: int = Field(default=0, strict=True, ge=0)
+    total_tokens: int = Field(default=0, strict=True, ge=0)
 
 
 class ChatCompletion(_Open):
@@ -286,13 +286,22 @@ def _tool_call_delta(tc: object, where: str) -> ChoiceDeltaToolCall:
     })
 
 
+def _tokens(value: object, where: str) -> int:
+    if value is None:
+        return 0
+    if type(value) is int and value >= 0:
+        return value
+    raise _bad(where, value, "a non-negative integer")
+
+
 def _usage(usage: object) -> Usage:
+    # (as Usage's own fields check a whole answer's: an integer, not "3" nor true, nor < 0)
     if type(usage) is not dict:
         raise _bad("usage", usage, "an object or null")
     return trusted(Usage, {
-        "prompt_tokens": _count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
-        "completion_tokens": _count(usage.get("completion_tokens"), "usage.completion_tokens"),
-        "total_tokens": _count(usage.get("total_tokens"), "usage.total_tokens"),
+        "prompt_tokens": _tokens(usage.get("prompt_tokens"), "usage.prompt_tokens"),
+        "completion_tokens": _tokens(usage.get("completion_tokens"), "usage.completion_tokens"),
+        "total_tokens": _tokens(usage.get("total_tokens"), "usage.total_tokens"),
     }, _extra(usage, _USAGE_FIELDS))
 
 

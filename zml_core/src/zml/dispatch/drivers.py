@@ -44,11 +44,22 @@ _IO = (Wait, Lease, Send)  # what drivers carry out themselves
 _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
+_FRAMING = frozenset({
+    "connection", "content-encoding", "content-length", "content-type", "expect", "host",
+    "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+})
+"""Headers that say how the request's bytes are framed and carried: the HTTP client sets them
+from the body it sends; a plugin's would contradict it (a Content-Length that is not the body's
+fails the request in the HTTP stack)."""
+
+
 def _header_ok(name: object, value: object) -> bool:
-    """Whether a plugin's header can be sent as it is: a token name (RFC 9110) and a value of
-    printable ASCII (HTTP stacks encode values as ASCII; a line break would split the header)."""
+    """Whether a plugin's header can be sent as it is: a token name (RFC 9110) that is not a
+    framing header, and a value of printable ASCII (HTTP stacks encode values as ASCII; a line
+    break would split the header)."""
     return (isinstance(name, str) and isinstance(value, str) and bool(name)
-            and _TOKEN.issuperset(name) and value.isascii() and value.isprintable())
+            and _TOKEN.issuperset(name) and name.lower() not in _FRAMING
+            and value.isascii() and value.isprintable())
 
 
 class CallStopped(Exception):
@@ -127,8 +138,9 @@ class Call:
         names = ", ".join(repr(k)[:60] for k in bad)
         pm.report("(a zml_request_headers implementation)", "zml_request_headers", ValueError(
             f"header(s) {names} added by a plugin are not sent: a header name must be an HTTP "
-            "token and its value printable ASCII without line breaks (encode other text, e.g. "
-            "urllib.parse.quote)"))
+            "token other than those the HTTP client sets from the body (Content-Length, "
+            "Content-Type, Host, Transfer-Encoding, Connection...), and its value printable ASCII "
+            "without line breaks (encode other text, e.g. urllib.parse.quote)"))
 
     @property
     def stream(self) -> bool:
@@ -242,6 +254,16 @@ def _granted(op: Lease, lease_id: str, granted: bool) -> bool:
     return granted
 
 
+def _ledger_failed(call: Call, exc: Exception) -> bool:
+    """A ledger whose ``acquire`` raised: reported (once, as a plugin's exception), and the
+    request keeps the local slot it reserved (as a ledger that lost its store answers), without
+    a lease to give back (one the store did take expires with its TTL)."""
+    pm = call.d.effects.plugins
+    if pm is not None:
+        pm.report(type(call.d.fleet.ledger).__name__, "SlotLedger.acquire", exc)
+    return True
+
+
 def drive(call: Call, wait: Callable[[Wait], None], send: Callable[[Step], _T]) -> tuple[Step, _T]:
     """Run ``call``'s attempt flow with blocking I/O: the sync client's whole attempt loop.
 
@@ -258,7 +280,10 @@ def drive(call: Call, wait: Callable[[Wait], None], send: Callable[[Step], _T]) 
                 value = None
             elif isinstance(op, Lease):
                 lid = call.lease_id()
-                value = _granted(op, lid, _ledger(call).acquire(op.step.node, lid))
+                try:
+                    value = _granted(op, lid, _ledger(call).acquire(op.step.node, lid))
+                except Exception as exc:
+                    value = _ledger_failed(call, exc)
             else:
                 value = _outcome(call, send, op.step)
             op, value = call.advance(flow, value)
@@ -278,7 +303,10 @@ async def adrive(
                 value = await _aoutcome(call, send, op.step)
             elif isinstance(op, Lease):
                 lid = call.lease_id()
-                value = _granted(op, lid, await _ledger(call).aacquire(op.step.node, lid))
+                try:
+                    value = _granted(op, lid, await _ledger(call).aacquire(op.step.node, lid))
+                except Exception as exc:
+                    value = _ledger_failed(call, exc)
             else:
                 await wait(op)
                 value = None

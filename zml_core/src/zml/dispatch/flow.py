@@ -157,6 +157,7 @@ def attempt_flow(
         if ticket is not None and ticket.queued:
             yield Dequeue(ticket)  # the next request for this model may route now
         step.sent_at = yield Now()
+        rec.sent += 1
         outcome = yield Send(step)
         if isinstance(outcome, NodeError):
             yield from _failed(req, rec, step, outcome, settings)

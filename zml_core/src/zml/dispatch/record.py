@@ -22,11 +22,13 @@ __all__ = ["Record", "ResponseSummary", "Step"]
 
 
 class ResponseSummary(NamedTuple):
-    """What telemetry needs of a finished answer: the node's id and model, the finish reason."""
+    """What telemetry needs of a finished answer: the node's id and model, the finish reason
+    (the first choice's) and each choice's (in index order, for ``n > 1``)."""
 
     id: str | None
     model: str | None
     finish_reason: str | None
+    finish_reasons: tuple[str, ...] = ()
 
 
 @dataclass
@@ -71,6 +73,8 @@ class Record:
         response: the answer's summary, once it completed.
         ticket: the request's saturation-queue ticket, once its policy queued it.
         state: scratch space for plugins (a telemetry span, say), per request.
+        sent: how many attempts went out to a node (the failed ones, and the one under way or
+            that answered).
     """
 
     attempts: list[Attempt] = field(default_factory=list)
@@ -85,6 +89,7 @@ class Record:
     response: ResponseSummary | None = None
     ticket: Ticket | None = None
     state: dict[str, Any] = field(default_factory=dict)
+    sent: int = 0
 
     @property
     def ended(self) -> bool:

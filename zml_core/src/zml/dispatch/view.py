@@ -84,8 +84,15 @@ class CallView:
 
     @property
     def attempts(self) -> tuple[Attempt, ...]:
-        """The failed attempts so far."""
+        """The failed attempts so far (an attempt that fails after its answer started, which
+        is not retried, is not among them: see :attr:`sent`)."""
         return tuple(self._record.attempts)
+
+    @property
+    def sent(self) -> int:
+        """How many attempts went out to a node so far: the failed ones, and the one under way
+        or that answered (``1 + failovers`` once the request ended, however it ended)."""
+        return self._record.sent
 
     @property
     def response(self) -> ResponseSummary | None:

@@ -139,6 +139,7 @@ def gateway_settings(registry: Registry) -> GatewaySettings:
             known = Alias.model_fields if "aliases" in err["loc"] else GatewaySettings.model_fields
             hint = suggest(key, known)
             msg = f"{where}: unknown key {loc}" + (f"; did you mean {hint!r}?" if hint else "")
+            value = None  # not kept: a key pasted under a wrong name (api_keys = [...]) is one
         elif err["type"] == "missing":
             msg = f"{where}: {loc} is required"
         else:

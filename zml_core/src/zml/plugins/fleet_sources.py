@@ -138,4 +138,12 @@ def slot_ledger(pm: PluginManager, fleet: Fleet, registry: Registry) -> SlotLedg
     except Exception as exc:
         pm.report("a zml_slot_ledger plugin", "zml_slot_ledger", exc)
         return None
+    if result is not None:
+        missing = [m for m in ("acquire", "aacquire", "release")
+                   if not callable(getattr(result, m, None))]
+        if missing:
+            raise PolicyConfigError(
+                f"a zml_slot_ledger plugin returned a {type(result).__name__}, which is not a "
+                f"zml.ledger.SlotLedger (no {', '.join(missing)} method): fix the plugin, or "
+                "unregister it", field="zml_slot_ledger")
     return cast("SlotLedger | None", result)

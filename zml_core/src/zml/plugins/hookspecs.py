@@ -400,7 +400,8 @@ def zml_attribute_cost(
     Called once per successful request, before :func:`zml_request_completed`. **Stops at the
     first non-None result.** The built-in cost model is ``trylast``, so any plugin that returns
     a cost overrides it; return None to leave the request to the next implementation. An
-    implementation that raises is logged and skipped.
+    implementation that raises, or returns something that is not a cost (a mapping that does
+    not validate as a :class:`zml.Cost`), is logged and skipped.
 
     The built-in model: with ``cost_per_1k_tokens`` on the family and token usage reported,
     ``cost_per_1k_tokens × total_tokens / 1000`` (basis ``"tokens"``); else with

@@ -59,6 +59,7 @@ NOTIFICATION_HOOKS = frozenset(
 be wrappers: those marked ``@notification`` in :mod:`.hookspecs`."""
 
 FLEET_HOOK = "zml_register_fleet_sources"
+COST_HOOK = "zml_attribute_cost"
 
 IDLE_METHOD = "zml_idle"
 """A plugin object may define ``zml_idle()`` (a plain method, not a hook): while it returns
@@ -279,11 +280,35 @@ class PluginManager(pluggy.PluginManager):
                     )
 
     def _isolated(self, function: Any, plugin_name: str, hook: str) -> Any:
+        if hook == COST_HOOK:
+            return self._isolated_cost(function, plugin_name)
+
         def isolated(*args: Any) -> Any:
             try:
                 return function(*args)
             except Exception as exc:
                 self.report(plugin_name, hook, exc)
+                return None
+
+        return isolated
+
+    def _isolated_cost(self, function: Any, plugin_name: str) -> Any:
+        """As :meth:`_isolated`, and a result that is not a cost (a ``Cost``, or a mapping of
+        its fields that validates) is reported and counts as None, so the next cost model
+        (the built-in one last) decides: an invalid cost is never dropped in silence."""
+        from ..types import Cost
+
+        def isolated(*args: Any) -> Any:
+            try:
+                found = function(*args)
+                if found is None or isinstance(found, Cost):
+                    return found
+                if not isinstance(found, Mapping):
+                    raise TypeError(f"returned a {type(found).__name__}, not a zml.Cost or "
+                                    "a mapping of its fields (or None)")
+                return Cost.model_validate(found)
+            except Exception as exc:
+                self.report(plugin_name, COST_HOOK, exc)
                 return None
 
         return isolated

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from .hookspecs import PolicySource
     from .manager import PluginManager
 
-__all__ = ["SourcePolicies", "collect_policy_sources", "plugin_failure", "source_name"]
+__all__ = ["SourceFailure", "SourcePolicies", "collect_policy_sources", "plugin_failure",
+           "source_name"]
 
 logger: logging.Logger = logging.getLogger("zml.plugins")
 
@@ -37,10 +38,17 @@ def source_name(source: object) -> str:
     return name if isinstance(name, str) and name else type(source).__name__
 
 
-def plugin_failure(what: str, exc: Exception, field: str) -> PolicyConfigError:
-    """The PolicyConfigError for a plugin that raised while doing ``what`` (its message is
-    passed through :func:`~zml.errors.safe_detail`: it may quote a store's URL)."""
-    return PolicyConfigError(
+class SourceFailure(PolicyConfigError):
+    """A policy source (or the plugin registering it) that failed, as opposed to a policy that
+    is invalid: when the client is built, it does not fail the build (a request that names no
+    policy still routes), and every named lookup raises it until the source answers."""
+
+
+def plugin_failure(what: str, exc: Exception, field: str,
+                   kind: type[PolicyConfigError] = PolicyConfigError) -> PolicyConfigError:
+    """The PolicyConfigError (or ``kind``) for a plugin that raised while doing ``what`` (its
+    message is passed through :func:`~zml.errors.safe_detail`: it may quote a store's URL)."""
+    return kind(
         f"{what} failed: {type(exc).__name__}: {safe_detail(str(exc), 300)}; fix the plugin "
         "(or its store), or unregister it",
         field=field,
@@ -59,7 +67,7 @@ def collect_policy_sources(pm: PluginManager, registry: Registry) -> list[Policy
         if not callable(getattr(source, "get", None)) or not callable(
             getattr(source, "list", None)
         ):
-            raise PolicyConfigError(
+            raise SourceFailure(
                 f"a policy source needs get(name) and list() methods, got "
                 f"{type(source).__name__}: fix the plugin that registers it",
                 field="policy",
@@ -73,16 +81,31 @@ def collect_policy_sources(pm: PluginManager, registry: Registry) -> list[Policy
     except PolicyConfigError:
         raise
     except Exception as exc:  # without its sources, a name could resolve to another policy
-        raise plugin_failure("a plugin's zml_register_policy_sources", exc, "policy") from exc
+        raise plugin_failure("a plugin's zml_register_policy_sources", exc, "policy",
+                             SourceFailure) from exc
     return sources
+
+
+def _listed(source: PolicySource) -> list[str]:
+    """``source.list()``, its failure a PolicyConfigError naming the source."""
+    try:
+        return list(source.list())
+    except Exception as exc:
+        raise PolicyConfigError(
+            f"policy source {source_name(source)!r} failed to list its policies: "
+            f"{type(exc).__name__}: {safe_detail(str(exc), 300)}",
+            field="policy",
+            source=source_name(source),
+        ) from exc
 
 
 def _version(source: PolicySource) -> Hashable:
     try:
         token: Hashable = source.version()  # type: ignore[attr-defined]
     except Exception as exc:
-        raise PolicyConfigError(
-            f"policy source {source_name(source)!r} is unavailable: {type(exc).__name__}: {exc}",
+        raise SourceFailure(
+            f"policy source {source_name(source)!r} is unavailable: {type(exc).__name__}: "
+            f"{safe_detail(str(exc), 300)}",
             field="policy",
             source=source_name(source),
         ) from exc
@@ -108,7 +131,13 @@ class SourcePolicies(Mapping[str, Policy]):
         self._generation = -1
         self._sources: list[PolicySource] = []
         self._versioned: list[tuple[PolicySource, list[Hashable]]] = []
-        self._refresh_sources()
+        try:
+            self._refresh_sources()
+        except SourceFailure as exc:
+            # Not the client's failure: a request that names no policy still routes. Every
+            # named lookup asks the sources again (the generation is still unknown) and raises
+            # until they answer.
+            logger.warning("%s (until it is fixed, every request naming a policy fails)", exc)
 
     def _refresh_sources(self) -> None:
         generation = self._pm.generation
@@ -182,7 +211,7 @@ class SourcePolicies(Mapping[str, Policy]):
         if names is None:
             seen: dict[str, None] = {}
             for source in self._sources:
-                for name in source.list():
+                for name in _listed(source):
                     seen.setdefault(name, None)
             names = self._names = tuple(seen)
         return iter(names)
@@ -210,7 +239,7 @@ class SourcePolicies(Mapping[str, Policy]):
             except Exception as exc:
                 raise PolicyConfigError(
                     f"policy source {source_name(source)!r} failed to read policy {name!r}: "
-                    f"{type(exc).__name__}: {exc}",
+                    f"{type(exc).__name__}: {safe_detail(str(exc), 300)}",
                     field="policy",
                     value=name,
                     source=source_name(source),

@@ -309,12 +309,13 @@ class OpenTelemetryPlugin:
             response = call.response
             attributes: dict[str, Any] = {
                 "gen_ai.response.model": _response_model(call),
-                "zml.attempts": len(routing.attempts) + 1,
+                "zml.attempts": call.sent,
             }
             if response is not None and response.id:
                 attributes["gen_ai.response.id"] = response.id
-            if response is not None and response.finish_reason:
-                attributes["gen_ai.response.finish_reasons"] = (response.finish_reason,)
+            if response is not None and (response.finish_reasons or response.finish_reason):
+                attributes["gen_ai.response.finish_reasons"] = \
+                    response.finish_reasons or (response.finish_reason,)
             if input_tokens is not None:
                 attributes["gen_ai.usage.input_tokens"] = input_tokens
             if output_tokens is not None:
@@ -358,7 +359,7 @@ class OpenTelemetryPlugin:
             accelerator = routing.accelerator
         if span.is_recording():
             span.set_attribute("error.type", error_type)
-            span.set_attribute("zml.attempts", len(call.attempts))
+            span.set_attribute("zml.attempts", call.sent)
             context = getattr(error, "routing_context", None)
             if isinstance(context, Mapping):
                 final = context.get("final_error")
@@ -420,7 +421,8 @@ def _family_events(span: Span, evaluated: Any) -> None:
 
 
 def _split_address(address: str) -> tuple[str, int | None]:
-    """``host:port`` (or ``[v6]:port``) as (host, port)."""
+    """``host:port`` (or ``[v6]:port``) as (host, port); see :attr:`RoutingInfo.server_address`
+    for the port of a URL that names none."""
     address = address.split("/", 1)[0]
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or (host.startswith("[") != host.endswith("]")):
@@ -434,8 +436,8 @@ def _tokens(usage: Mapping[str, Any] | None) -> tuple[int | None, int | None]:
     prompt = usage.get("prompt_tokens")
     completion = usage.get("completion_tokens")
     return (
-        prompt if isinstance(prompt, int) else None,
-        completion if isinstance(completion, int) else None,
+        prompt if type(prompt) is int and prompt >= 0 else None,
+        completion if type(completion) is int and completion >= 0 else None,
     )
 
 
