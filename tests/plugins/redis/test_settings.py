@@ -167,3 +167,38 @@ def test_without_the_url_the_settings_are_not_even_imported(tmp_path: Any) -> No
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=60, check=True)
     assert out.stdout.split() == ["True", "False", "True"]
+
+
+@pytest.mark.parametrize(("raw", "ledger"), [
+    ("1", True), ("true", True), ("yes", True), ("on", True), ("TRUE", True), (" On ", True),
+    ("0", False), ("false", False), ("no", False), ("off", False), ("OFF", False),
+    ("False", False), ("", True), ("  ", True),
+])
+def test_the_ledger_switch_takes_its_documented_spellings(raw: str, ledger: bool) -> None:
+    settings = Settings.from_env({"ZML_REDIS_URL": "redis://h:1/0", "ZML_REDIS_LEDGER": raw})
+    assert settings is not None and settings.ledger is ledger
+
+
+@pytest.mark.parametrize("raw", ["flase", "disabled", "none", "2", "yes please", "O", "-1",
+                                 "enable"])
+def test_a_ledger_switch_that_is_neither_on_nor_off_is_refused(raw: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"ZML_REDIS_URL": "redis://h:1/0", "ZML_REDIS_LEDGER": raw})
+    message = str(info.value)
+    assert message.startswith(f"ZML_REDIS_LEDGER={raw.strip()!r} "), message
+    for accepted in ("1, true, yes, on", "0, false, no, off"):
+        assert accepted in message, message
+    assert isinstance(info.value, zml.PolicyConfigError)
+    assert (info.value.field, info.value.value) == ("ZML_REDIS_LEDGER", raw.strip())
+
+
+def test_a_ledger_switch_that_is_neither_on_nor_off_fails_the_client_build(
+    sim_fleet: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setup = sim_fleet([{"id": "a", "family": "H100", "max_concurrency": 1}])
+    monkeypatch.setenv("ZML_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("ZML_REDIS_LEDGER", "flase")
+    with pytest.raises(SettingsError) as info:
+        zml.Client(config=setup.path)
+    assert str(info.value).startswith("zml-redis: ZML_REDIS_LEDGER='flase' is neither on nor off")
+    assert info.value.field == "ZML_REDIS_LEDGER"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import zml
 from zml_policy_sqlite import PolicyStore
 from zml_policy_sqlite.cli import run
 from zml_policy_sqlite.store import StoreError
@@ -163,3 +164,68 @@ def test_the_store_refuses_to_write_what_json_cannot_hold(tmp_path: Path) -> Non
         with pytest.raises(StoreError, match="not a finite number"):
             store.add("p", {"accelerator_chain": ["H100"], "latency_target_ms": float("inf")})
         assert store.items() == []
+
+
+def hand_edit(db: Path, *rows: tuple[str, object]) -> None:
+    """Rows written by hand, around the command line: ``(name, fields)``."""
+    with sqlite3.connect(db) as conn:
+        conn.executemany("INSERT INTO zml_policies VALUES (?, ?, 'x')", rows)
+    conn.close()
+
+
+def test_list_shows_the_good_policies_and_reports_each_bad_row(
+    db: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli("add", "good", "--db", db, "--config", config, "--chain", "H100") == 0
+    hand_edit(db, ("hand", "[1,2]"), ("hand2", b"\xff\x00"))
+    capsys.readouterr()
+    assert cli("list", "--db", db) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines() == ["good\tH100"]
+    lines = err.splitlines()
+    assert len(lines) == 2
+    for name, line in zip(["hand", "hand2"], lines, strict=True):
+        assert line.startswith(f"zml-policy-sqlite: error: policy {name!r}: stored fields are")
+        assert str(db) in line and f"'zml-policy-sqlite rm {name} --db {db}'" in line
+    assert "JSON list, not a JSON object" in lines[0]
+    assert cli("list", "--db", db, "--json") == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"good": {"accelerator_chain": ["H100"]}}
+    assert len(err.splitlines()) == 2
+
+
+def test_show_and_update_of_a_bad_row_name_the_policy_and_the_database(
+    db: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    PolicyStore(db).close()
+    hand_edit(db, ("blob", b"\xff\x00"), ("list", "[1]"))
+    assert cli("show", "blob", "--db", db) == 1
+    err = capsys.readouterr().err
+    assert "policy 'blob': stored fields are not JSON (" in err and str(db) in err
+    assert f"zml-policy-sqlite rm blob --db {db}" in err
+    assert cli("update", "list", "--db", db, "--config", config, "--chain", "H100") == 1
+    err = capsys.readouterr().err
+    assert "policy 'list'" in err and f"zml-policy-sqlite rm list --db {db}" in err
+    # the fix the message gives works
+    assert cli("rm", "list", "--db", db) == 0
+    assert cli("add", "list", "--db", db, "--config", config, "--chain", "H100") == 0
+
+
+def test_a_database_that_cannot_be_opened_is_named_with_what_to_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = tmp_path / "text.db"
+    text.write_text("not a database at all\n" * 100)
+    cases = [
+        (tmp_path, "it is a directory"),
+        (tmp_path / "missing" / "p.db", f"the directory {str(tmp_path / 'missing')!r} does not"),
+        (text, "file is not a database"),
+    ]
+    for path, why in cases:
+        assert cli("list", "--db", path) == 1
+        err = capsys.readouterr().err
+        assert f"cannot open the policy database {str(path)!r}: {why}" in err, err
+        assert len(err.strip().splitlines()) == 1
+    with pytest.raises(StoreError, match="it is a directory") as info:
+        PolicyStore(tmp_path)
+    assert isinstance(info.value, zml.PolicyConfigError) and info.value.source == str(tmp_path)

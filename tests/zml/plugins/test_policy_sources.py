@@ -182,6 +182,30 @@ def test_a_registration_that_raises_when_the_client_is_built_fails_named_lookups
     driver.close()
 
 
+def test_a_plugin_registers_its_sources_once_per_client(driver: Driver) -> None:
+    """So what it read then (an environment variable naming its store) stays the client's:
+    another plugin joining or leaving the client does not ask it again."""
+    calls: list[int] = []
+    stores = [DictSource({"p": {"accelerator_chain": ["H100"]}}, name="first"),
+              DictSource({"p": {"accelerator_chain": ["MI300X"]}}, name="second")]
+
+    class Counting:
+        @zml.hookimpl
+        def zml_register_policy_sources(self, register: Callable[[Any], None]) -> None:
+            calls.append(1)
+            register(stores[len(calls) - 1])
+
+    plugin = Counting()
+    driver.plugins.register(plugin, name="counting")
+    assert driver.infer(policy="p").routing.accelerator == "H100"
+    driver.plugins.register(SourcePlugin(DictSource({})), name="other")
+    driver.plugins.unregister(name="other")
+    assert driver.infer(policy="p").routing.accelerator == "H100" and len(calls) == 1
+    driver.plugins.unregister(name="counting")
+    driver.plugins.register(plugin, name="counting")  # joining again: asked again
+    assert driver.infer(policy="p").routing.accelerator == "MI300X" and len(calls) == 2
+
+
 def test_unknown_name_lists_every_source(driver: Driver) -> None:
     driver.plugins.register(SourcePlugin(DictSource({"batch": {"accelerator_chain": ["A10"]}})),
                             name="dict-policies")

@@ -11,6 +11,10 @@ What runs where:
   connection of the calling thread's own with a short socket timeout (sync clients), or of a
   small thread pool (``zml-redis-acquire``) that async clients await. Nothing else:
   ``release`` and health events are queued for the worker.
+* **a client's build**: the policy source reads the store once (:meth:`Hub.build_client`:
+  one try, ``Settings.build_timeout_s``, 0.25 s by default, to connect and per reply), so a
+  Redis that hangs delays a build by about that much and the client starts as while it is
+  down.
 * **the worker thread** (``zml-redis-worker``): sends queued releases and health events in
   one pipeline as soon as they arrive (the release script deletes the leases and, for nodes
   that were full, publishes their new counts, so other processes see freed slots at once); renews the leases the
@@ -185,11 +189,17 @@ class Hub:
             self._threads.append(thread)
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop the threads, send the releases still queued (best effort), close connections."""
+        """Stop the threads, send the releases still queued (best effort), close connections.
+
+        Waits at most ``timeout`` in all for the threads to finish what they are sending; not
+        at all while Redis is down (then nothing can be sent, and a thread waiting on a Redis
+        that hangs would hold the process's exit for its socket timeout: the threads are
+        daemons, and stop by themselves)."""
         self._stop.set()
         self._wake.set()
+        deadline = time.monotonic() + (0.0 if self._down else timeout)
         for thread in self._threads:
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
         if not self._down:
             with contextlib.suppress(Exception):
                 self._flush()
@@ -218,8 +228,21 @@ class Hub:
 
     @property
     def client(self) -> redis.Redis:
-        """A sync client for background reads and writes (socket timeout 2 s)."""
+        """A sync client for background reads and writes (socket timeout 2 s, one retry)."""
         return self._slow
+
+    def build_client(self) -> redis.Redis:
+        """A new sync client for the reads made while a client is built, on the builder's
+        thread (the event loop, for an ``AsyncClient``): one try, and
+        ``settings.build_timeout_s`` (0.25 s by default, 1 s at most) to connect and for
+        each reply,
+        whatever the URL's own timeouts, so a Redis that hangs delays a build that long, not
+        the 2 s (twice) of :attr:`client`. The caller closes it
+        (``client.connection_pool.disconnect()``)."""
+        timeout = self.settings.build_timeout_s
+        kwargs = {**self._conn_kwargs, "socket_timeout": timeout,
+                  "socket_connect_timeout": timeout}
+        return redis.Redis(connection_pool=redis.ConnectionPool(**kwargs))
 
     # --- leases --------------------------------------------------------------------------------
 

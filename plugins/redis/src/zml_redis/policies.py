@@ -228,19 +228,33 @@ class RedisPolicySource:
         self._lost_reported = False
         self._corrupt_reported: str | None = None
         self._subscribers: list[Callable[[], Callable[[], None] | None]] = []
+        self._read_at_build()
+        hub.on_message(settings.policies_channel, self._changed)
+        hub.on_subscribed(self._resubscribed)
+        if hub.subscribed.is_set():  # a change announced before the handler was added
+            self._read_at_build()
+        hub.start()
+
+    def _read_at_build(self) -> None:
+        """Read the store while a client is built, on the builder's thread: one try within
+        ``settings.build_timeout_s`` (to connect and per reply; see :meth:`Hub.build_client`).
+        A Redis that is down or hangs is an outage (one warning; the client starts without
+        the store's policies, and gets them when the listener is subscribed again); a corrupt
+        store fails the build with a ``zml.PolicyConfigError``."""
+        hub = self.hub
+        if not hub.connected:  # already known to be down: no I/O, as for acquisitions
+            return
+        client = hub.build_client()
         try:
-            self.reload()
+            self._reload(client)
         except redis.RedisError as exc:  # down at start: no policies from it until it is back
             hub.failed(exc)
         except CorruptStoreError as exc:
             raise zml.PolicyConfigError(
                 f"policy source {self.name!r}: {exc}", field=exc.key, source=self.name,
             ) from None
-        hub.on_message(settings.policies_channel, self._changed)
-        hub.on_subscribed(self._resubscribed)
-        if hub.subscribed.is_set():  # a change announced before the handler was added
-            self._reload_or_keep()
-        hub.start()
+        finally:
+            client.connection_pool.disconnect()
 
     def __repr__(self) -> str:
         return f"RedisPolicySource({self.name!r}, version={self.version})"
@@ -257,8 +271,12 @@ class RedisPolicySource:
         return {} if snapshot is None else dict(snapshot.versions)
 
     def reload(self) -> bool:
-        """Read the store again; if it changed, call the subscribers. Returns whether it did."""
-        snapshot = read_snapshot(self.hub.client, self.hub.settings)
+        """Read the store again; if it changed, call the subscribers. Returns whether it did.
+        (Through the hub's background client: up to 2 s per try, two tries.)"""
+        return self._reload(self.hub.client)
+
+    def _reload(self, client: redis.Redis) -> bool:
+        snapshot = read_snapshot(client, self.hub.settings)
         with self._lock:
             current = self._snapshot
             if current is not None and current == snapshot:

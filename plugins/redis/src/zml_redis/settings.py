@@ -13,14 +13,17 @@ variable                     default     meaning
 ``ZML_REDIS_SYNC_S``         ``0.5``     how often each process reads every node's global
                                          lease count into its routing state (releases
                                          are announced at once besides)
-``ZML_REDIS_LEDGER``         ``1``       ``0``: share policies only, not slots and health
+``ZML_REDIS_LEDGER``         ``1``       ``0``/``false``/``no``/``off``: share policies
+                                         only, not slots and health
+                                         (``1``/``true``/``yes``/``on``: share all)
 ===========================  ==========  ================================================
 
 Every value is checked when a client is built: a URL redis-py could not use (a bad port, a
 ``#`` or ``/`` left unencoded in a password, an unknown or malformed query parameter, a
-timeout that is not a finite positive number) or a number that is not finite or too small
-fails it with a :class:`SettingsError` (a ``zml.PolicyConfigError``) naming the variable. No
-message, log line or repr shows a password: :func:`redact` hides ``user:password@`` and the
+timeout that is not a finite positive number), a number that is not finite or too small, or a
+``ZML_REDIS_LEDGER`` that is none of its on/off spellings (case does not matter; empty: the
+default) fails it with a :class:`SettingsError` (a ``zml.PolicyConfigError``) naming the
+variable. No message, log line or repr shows a password: :func:`redact` hides ``user:password@`` and the
 values of query parameters such as ``?password=`` (redis-py's form for ``unix://`` sockets).
 """
 
@@ -38,6 +41,8 @@ import zml
 from . import ENV_URL
 
 __all__ = [
+    "BUILD_TIMEOUT_MAX_S",
+    "BUILD_TIMEOUT_S",
     "ENV_LEDGER",
     "ENV_PREFIX",
     "ENV_SYNC",
@@ -56,6 +61,12 @@ ENV_TTL = "ZML_REDIS_LEASE_TTL_S"
 ENV_TIMEOUT = "ZML_REDIS_TIMEOUT_MS"
 ENV_SYNC = "ZML_REDIS_SYNC_S"
 ENV_LEDGER = "ZML_REDIS_LEDGER"
+
+BUILD_TIMEOUT_S = 0.25
+"""Least timeout of the read of the policy store made while a client is built (see
+:attr:`Settings.build_timeout_s`)."""
+BUILD_TIMEOUT_MAX_S = 1.0
+"""Most timeout of that read, whatever ``ZML_REDIS_TIMEOUT_MS`` says."""
 
 SECRET_WORDS = ("pass", "token", "secret")
 """A query parameter whose name holds one of these is a secret (``?password=``: redis-py's
@@ -185,6 +196,30 @@ def check_url(url: str, name: str = ENV_URL) -> str:
     return url
 
 
+LEDGER_ON = ("1", "true", "yes", "on")
+LEDGER_OFF = ("0", "false", "no", "off")
+
+
+def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """An on/off variable: one of :data:`LEDGER_ON` or :data:`LEDGER_OFF` (any case), or
+    empty for ``default``; anything else is a :class:`SettingsError` naming the variable, the
+    value and the accepted spellings (a typo must not silently mean "on")."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    value = raw.lower()
+    if value in LEDGER_ON:
+        return True
+    if value in LEDGER_OFF:
+        return False
+    raise SettingsError(
+        f"{name}={raw!r} is neither on nor off: set it to one of {', '.join(LEDGER_ON)} "
+        f"(share slots and health: the default) or {', '.join(LEDGER_OFF)} (share policies "
+        "only), in any letter case, or leave it unset",
+        field=name, value=raw,
+    )
+
+
 def _number(environ: Mapping[str, str], name: str, default: float, minimum: float) -> float:
     raw = environ.get(name, "").strip()
     if not raw:
@@ -228,6 +263,15 @@ class Settings:
         return max(self.timeout_s, 1.0)
 
     @property
+    def build_timeout_s(self) -> float:
+        """Timeout of the store read made while a client is built (one try; to connect, and
+        again for each reply): :data:`BUILD_TIMEOUT_S` (0.25 s), or the acquire timeout if
+        longer, up to :data:`BUILD_TIMEOUT_MAX_S` (1 s). A Redis that hangs costs a build
+        this long (the event loop, for an ``AsyncClient``), and then the client starts as
+        while Redis is down."""
+        return min(max(self.timeout_s, BUILD_TIMEOUT_S), BUILD_TIMEOUT_MAX_S)
+
+    @property
     def lease_ttl_ms(self) -> int:
         """The TTL in whole milliseconds, as the Lua scripts take it."""
         return max(1, round(self.lease_ttl_s * 1000))
@@ -246,7 +290,8 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings | None:
         """The settings in ``environ`` (default: ``os.environ``); None when ``ZML_REDIS_URL``
         is unset or empty. Raises :class:`SettingsError` for a malformed value (a URL redis-py
-        cannot use, a number that is not finite or too small)."""
+        cannot use, a number that is not finite or too small, a ``ZML_REDIS_LEDGER`` that is
+        not one of ``1``/``true``/``yes``/``on``/``0``/``false``/``no``/``off``)."""
         env = os.environ if environ is None else environ
         url = env.get(ENV_URL, "").strip()
         if not url:
@@ -259,7 +304,7 @@ class Settings:
             lease_ttl_s=_number(env, ENV_TTL, 10.0, 0.2),
             timeout_s=_number(env, ENV_TIMEOUT, 100.0, 1.0) / 1000.0,
             sync_s=_number(env, ENV_SYNC, 0.5, 0.01),
-            ledger=env.get(ENV_LEDGER, "1").strip().lower() not in ("0", "false", "no", "off"),
+            ledger=_flag(env, ENV_LEDGER, True),
         )
 
     # --- keys and channels ---------------------------------------------------------------------

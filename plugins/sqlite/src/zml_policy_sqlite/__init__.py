@@ -5,8 +5,9 @@ Edit policies with the ``zml-policy-sqlite`` command (``add``, ``update``, ``lis
 zml clients whose environment has ``ZML_POLICY_SQLITE_DB=/path/to/policies.db`` look policies up
 in that database by name (``infer(policy="name")``) and see each change on their next request,
 without a restart: the plugin checks SQLite's ``PRAGMA data_version`` per lookup and re-reads
-only after another connection committed. A locked database does not hold requests up: lookups
-use the last policies read (see :mod:`zml_policy_sqlite.source`).
+only after another connection committed (or opens the new file when the path names another
+one: a restore, a regenerated file). A locked or deleted database does not hold requests up:
+lookups use the last policies read (see :mod:`zml_policy_sqlite.source`).
 """
 
 from __future__ import annotations

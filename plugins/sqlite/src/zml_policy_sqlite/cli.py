@@ -132,50 +132,77 @@ def _describe(name: str, fields: dict[str, Any]) -> str:
     return f"{name}\t{chain}\t{rest}".rstrip()
 
 
+def _add(store: PolicyStore, args: argparse.Namespace) -> int:
+    given = policy_fields(args)
+    _check_finite(given)
+    store.add(args.name, validate(args.name, given, args.config))
+    print(f"added policy {args.name!r} to {args.db}")
+    return 0
+
+
+def _update(store: PolicyStore, args: argparse.Namespace) -> int:
+    given = policy_fields(args)
+    _check_unset(args.unset, given)
+    current = store.get(args.name)
+    if current is None:
+        raise StoreError(f"no policy {args.name!r} in {args.db}; use 'add'", value=args.name)
+    merged = {**current, **given}
+    for field in args.unset:
+        merged.pop(field, None)
+    _check_finite(merged)
+    store.put(args.name, validate(args.name, merged, args.config))
+    print(f"updated policy {args.name!r} in {args.db}")
+    return 0
+
+
+def _list(store: PolicyStore, args: argparse.Namespace) -> int:
+    """Print the policies that are readable; report each row that is not, on stderr (exit 1)."""
+    good, bad = store.scan()
+    if args.as_json:
+        print(json.dumps(dict(good), indent=2))
+    else:
+        for name, fields in good:
+            print(_describe(name, fields))
+    for exc in bad:
+        _error(exc)
+    return 1 if bad else 0
+
+
+def _show(store: PolicyStore, args: argparse.Namespace) -> int:
+    found = store.get(args.name)
+    if found is None:
+        raise StoreError(f"no policy {args.name!r} in {args.db}", value=args.name)
+    print(json.dumps({"name": args.name, **found}, indent=2))
+    return 0
+
+
+def _rm(store: PolicyStore, args: argparse.Namespace) -> int:
+    store.remove(args.name)
+    print(f"removed policy {args.name!r} from {args.db}")
+    return 0
+
+
+_COMMANDS = {"add": _add, "update": _update, "list": _list, "show": _show, "rm": _rm}
+
+
+def _error(message: object) -> None:
+    print(f"zml-policy-sqlite: error: {message}", file=sys.stderr)
+
+
 def run(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
+    """Run the command line; return the exit status (errors are one line each on stderr)."""
     parser = _parser()
     args = parser.parse_args(argv)
     if not args.db:
         parser.error(f"pass --db PATH or set {ENV_DB}")
     try:
         with PolicyStore(args.db) as store:
-            if args.command == "add":
-                given = policy_fields(args)
-                _check_finite(given)
-                store.add(args.name, validate(args.name, given, args.config))
-                print(f"added policy {args.name!r} to {args.db}")
-            elif args.command == "update":
-                given = policy_fields(args)
-                _check_unset(args.unset, given)
-                current = store.get(args.name)
-                if current is None:
-                    raise StoreError(f"no policy {args.name!r} in {args.db}; use 'add'")
-                merged = {**current, **given}
-                for field in args.unset:
-                    merged.pop(field, None)
-                _check_finite(merged)
-                store.put(args.name, validate(args.name, merged, args.config))
-                print(f"updated policy {args.name!r} in {args.db}")
-            elif args.command == "list":
-                items = store.items()
-                if args.as_json:
-                    print(json.dumps({name: fields for name, fields in items}, indent=2))
-                else:
-                    for name, fields in items:
-                        print(_describe(name, fields))
-            elif args.command == "show":
-                found = store.get(args.name)
-                if found is None:
-                    raise StoreError(f"no policy {args.name!r} in {args.db}")
-                print(json.dumps({"name": args.name, **found}, indent=2))
-            else:
-                store.remove(args.name)
-                print(f"removed policy {args.name!r} from {args.db}")
-    except (zml.PolicyConfigError, StoreError, ValueError, OSError, sqlite3.Error) as exc:
-        print(f"zml-policy-sqlite: error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+            return _COMMANDS[args.command](store, args)
+    except (zml.PolicyConfigError, ValueError) as exc:
+        _error(exc)
+    except (OSError, sqlite3.Error) as exc:  # the database failed mid-command (locked...)
+        _error(f"the policy database {args.db!r}: {type(exc).__name__}: {exc}")
+    return 1
 
 
 def main() -> None:

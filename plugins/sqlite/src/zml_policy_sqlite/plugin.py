@@ -3,12 +3,18 @@
 When ``ZML_POLICY_SQLITE_DB`` names a database file, every zml client registers it as a
 policy source (before the ``zml.toml`` tables, which the built-in source holds); without the
 variable, the plugin registers nothing. The variable is read when a client is built.
+
+Clients that use the same file share one source (one connection and one snapshot per file):
+it only reads, so what one client sees never depends on another, and a client built while
+the file is locked can answer from the snapshot the others read. The source lives as long as
+a client uses it (the map of sources holds it weakly).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -22,12 +28,14 @@ if TYPE_CHECKING:
 
 __all__ = ["source_for", "zml_register_policy_sources"]
 
-_sources: dict[str, SQLitePolicySource] = {}
+_sources: weakref.WeakValueDictionary[str, SQLitePolicySource] = weakref.WeakValueDictionary()
+"""Absolute path → the source the live clients share for it."""
 _lock = threading.Lock()
 
 
 def source_for(path: str) -> SQLitePolicySource:
-    """The process's one source for the database at ``path`` (one connection per file)."""
+    """The source for the database at ``path`` that the process's clients share (one
+    connection per file), made if no live client uses one."""
     key = os.path.abspath(path)
     with _lock:
         source = _sources.get(key)
@@ -40,7 +48,8 @@ def source_for(path: str) -> SQLitePolicySource:
 
 @zml.hookimpl
 def zml_register_policy_sources(register: Callable[[PolicySource], None]) -> None:
-    """Register the database named by ``ZML_POLICY_SQLITE_DB``, if set."""
+    """Register the database named by ``ZML_POLICY_SQLITE_DB``, if set (zml calls this once per
+    client, when it is built: the client keeps that database)."""
     path = os.environ.get(ENV_DB, "").strip()
     if path:
         register(source_for(path))

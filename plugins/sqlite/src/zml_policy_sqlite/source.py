@@ -4,15 +4,19 @@ A client asks ``version()`` on every named-policy lookup, synchronously and befo
 request's deadline applies, so a lookup must not wait for the file. The source answers from
 a snapshot of the whole table kept in memory, and reads the table again only when SQLite's
 ``PRAGMA data_version`` moved (it changes exactly when another connection committed to the
-file): one query of microseconds per lookup while nothing changes.
+file): one query of microseconds per lookup while nothing changes. Each check also runs one
+``stat`` of the path: when it names another file than the one open (``os.replace`` of a
+regenerated file, a restore from backup), the connection is closed and the new file read.
 
 When the file cannot be read (another connection holds a lock: a long write, ``BEGIN
 EXCLUSIVE``; a disk error), the read connection gives up after ``busy_timeout_s`` (50 ms),
 and a thread that finds another one reading does not wait for it. The source then keeps
 answering from its last snapshot, logs one warning per outage on the ``zml.policy_sqlite``
 logger, and tries the file again at most every ``retry_interval_s`` (1 s): the policies it
-serves are stale by at most the outage plus that interval. Only a source that has never read
-the file fails, with :class:`zml.PolicyConfigError`.
+serves are stale by at most the outage plus that interval. A file deleted after it was read
+is such an outage too (it is not created again, empty): the last snapshot is served until a
+file is back at the path. Only a source that has never read the file fails, with
+:class:`zml.PolicyConfigError`; a source that has never read it creates it when it is missing.
 """
 
 from __future__ import annotations
@@ -29,11 +33,27 @@ from typing import Any
 
 import zml
 
-from .store import TABLE, connect, decode
+from .store import TABLE, connect, decode, repair_hint
 
 __all__ = ["SQLitePolicySource"]
 
 log = logging.getLogger("zml.policy_sqlite")
+
+_FileId = tuple[int, int]
+"""``(st_dev, st_ino)``: which file a path names (another one after ``os.replace``)."""
+
+
+class _FileGone(OSError):
+    """The database file was deleted (or is being replaced) after it was read."""
+
+
+def _file_id(path: str) -> _FileId | None:
+    """Which file ``path`` names now, or None when there is none (one ``stat``: microseconds)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 @dataclass(frozen=True)
@@ -62,8 +82,9 @@ class SQLitePolicySource:
     """A :class:`zml.plugins.PolicySource` (with ``version()``) over one database file.
 
     The connection is opened on first use (creating the file and its table if missing, so a
-    client may start before the first policy is added) and shared by the threads of the
-    process; see the module docstring for what happens while the file is locked.
+    client may start before the first policy is added) and shared by the threads that use the
+    source; it is reopened when the path names another file. See the module docstring for
+    what happens while the file is locked or missing.
 
     Args:
         path: the database file.
@@ -93,6 +114,7 @@ class SQLitePolicySource:
         self.retry_interval_s = _seconds("retry_interval_s", retry_interval_s)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._file: _FileId | None = None  # the file the connection has open
         self._snapshot: _Snapshot | None = None
         self._error: str | None = None  # the current outage's cause (None: the last read worked)
         self._next_poll = 0.0
@@ -122,7 +144,7 @@ class SQLitePolicySource:
             self._next_poll = now + self.poll_interval_s
             try:
                 self._snapshot = self._read()
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:
                 self._failed(exc, now)
             else:
                 if self._error is not None:
@@ -135,27 +157,48 @@ class SQLitePolicySource:
     def _read(self) -> _Snapshot:
         """Read ``data_version``, and the table if it moved (call with the lock held)."""
         old = self._snapshot
-        reopened = self._conn is None
-        if self._conn is None:
-            self._conn = connect(self.path, timeout=self.busy_timeout_s)
-        data_version = int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+        conn, reopened = self._open()
+        data_version = int(conn.execute("PRAGMA data_version").fetchone()[0])
         # data_version counts per connection: after reopening, only the rows can tell.
         if old is not None and not reopened and old.data_version == data_version:
             return old
-        rows = {name: text for name, text in self._conn.execute(f"SELECT name, fields FROM {TABLE}")
+        rows = {name: text for name, text in conn.execute(f"SELECT name, fields FROM {TABLE}")
                 if isinstance(name, str)}
         if old is not None and old.rows == rows:
             return _Snapshot(old.serial, data_version, old.rows)
         return _Snapshot(1 if old is None else old.serial + 1, data_version, rows)
 
-    def _failed(self, exc: sqlite3.Error, now: float) -> None:
-        """Record a failed read (lock held): back off, warn once per outage, reconnect later."""
+    def _open(self) -> tuple[sqlite3.Connection, bool]:
+        """A connection to the file ``path`` names now, and whether it was (re)opened.
+
+        A connection keeps reading the file it opened, so after ``os.replace`` (a restore, a
+        regenerated file) it is closed and the new file opened. Once the table was read, a
+        missing file is an outage (``_FileGone``): it is not created again, empty.
+        """
+        found = _file_id(self.path)
+        if found is None and self._snapshot is not None:
+            raise _FileGone(f"the file {self.path} no longer exists (deleted, or being "
+                            "replaced)")
+        if self._conn is not None and found == self._file:
+            return self._conn, False
+        self._close()
+        # stat before connect: a file swapped in between is seen, and reopened, next time
+        self._conn = connect(self.path, timeout=self.busy_timeout_s,
+                             create=self._snapshot is None)
+        self._file = found
+        return self._conn, True
+
+    def _close(self) -> None:
         if self._conn is not None:
-            self._conn.close()  # a fresh connection on retry, whatever went wrong
+            self._conn.close()
             self._conn = None
+
+    def _failed(self, exc: sqlite3.Error | OSError, now: float) -> None:
+        """Record a failed read (lock held): back off, warn once per outage, reconnect later."""
+        self._close()  # a fresh connection on retry, whatever went wrong
         self._next_retry = now + self.retry_interval_s
         first = self._error is None
-        self._error = f"{type(exc).__name__}: {exc}"
+        self._error = str(exc) if isinstance(exc, _FileGone) else f"{type(exc).__name__}: {exc}"
         if first and self._snapshot is not None:
             log.warning(
                 "policy source %r cannot read the database (%s); serving the %d policies "
@@ -200,10 +243,10 @@ class SQLitePolicySource:
             return None
         try:
             fields = decode(name, text)
-        except (ValueError, TypeError) as exc:
+        except ValueError as exc:
             raise zml.PolicyConfigError(
                 f"policy source {self.name!r}: policy {name!r} is not stored as a JSON object "
-                f"({exc}); rewrite it with 'zml-policy-sqlite update' or remove it",
+                f"({exc}); {repair_hint(name, self.path)}",
                 field="policy",
                 value=name,
                 source=self.name,
@@ -218,6 +261,11 @@ class SQLitePolicySource:
     def close(self) -> None:
         """Close the connection (it is opened again, and the table read, if the source is used)."""
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._close()
+
+    def __del__(self) -> None:
+        # The last client using the source is gone: close the connection (unreachable, so no
+        # thread is reading) rather than leave it to sqlite3, which warns on 3.13.
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            conn.close()

@@ -19,14 +19,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sqlite3
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
+
+import zml
 
 from . import ENV_DB
 
-__all__ = ["ENV_DB", "SCHEMA", "PolicyStore", "StoreError"]
+__all__ = ["ENV_DB", "SCHEMA", "BadRowError", "PolicyStore", "StoreError"]
 
 TABLE = "zml_policies"
 SCHEMA = (
@@ -35,19 +39,31 @@ SCHEMA = (
 )
 
 
-class StoreError(Exception):
-    """A store operation that cannot be done (the name exists already, or does not exist, or
-    a field is a number JSON cannot hold)."""
+class StoreError(zml.PolicyConfigError):
+    """A store operation that cannot be done: the name exists already, or does not exist, a
+    field is a number JSON cannot hold, or the file cannot be opened (``source`` is its path).
+    """
 
 
-def connect(path: str | os.PathLike[str], timeout: float = 5.0) -> sqlite3.Connection:
+class BadRowError(StoreError):
+    """A stored row that is not a policy (edited by hand): its ``fields`` are not a JSON
+    object. ``value`` is the policy's name, ``source`` the database's path."""
+
+
+def connect(
+    path: str | os.PathLike[str], timeout: float = 5.0, *, create: bool = True
+) -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit), with the table created.
 
     ``timeout`` is how long a statement waits for another connection's lock before it fails
-    with ``sqlite3.OperationalError`` ("database is locked").
+    with ``sqlite3.OperationalError`` ("database is locked"). With ``create=False`` a missing
+    file is not created (``sqlite3.OperationalError``, "unable to open database file").
     """
+    target = os.fspath(path)
+    if not create:
+        target = Path(os.path.abspath(target)).as_uri() + "?mode=rw"
     conn = sqlite3.connect(
-        os.fspath(path), timeout=timeout, isolation_level=None, check_same_thread=False
+        target, timeout=timeout, isolation_level=None, check_same_thread=False, uri=not create
     )
     try:
         conn.execute(SCHEMA)
@@ -57,12 +73,39 @@ def connect(path: str | os.PathLike[str], timeout: float = 5.0) -> sqlite3.Conne
     return conn
 
 
-def decode(name: str, text: str) -> dict[str, Any]:
-    """A row's ``fields`` as a dict (raises ValueError when it is not a JSON object)."""
-    fields = json.loads(text)
+def decode(name: str, text: object) -> dict[str, Any]:
+    """A row's ``fields`` as a dict (raises ValueError, naming the policy, when they are not a
+    JSON object: not JSON text, another JSON value, or a BLOB that is not JSON)."""
+    if not isinstance(text, str | bytes | bytearray):
+        raise ValueError(f"policy {name!r}: stored fields are {type(text).__name__}, "
+                         "not JSON text")
+    try:
+        fields = json.loads(text)
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for a BLOB
+        raise ValueError(f"policy {name!r}: stored fields are not JSON ({exc})") from None
     if not isinstance(fields, dict):
-        raise ValueError(f"policy {name!r}: stored fields are not a JSON object")
+        raise ValueError(f"policy {name!r}: stored fields are a JSON "
+                         f"{type(fields).__name__}, not a JSON object")
     return fields
+
+
+def repair_hint(name: str, path: str) -> str:
+    """How to replace a row that is not a policy: remove it, then add it again."""
+    rm = shlex.join(["zml-policy-sqlite", "rm", name, "--db", path])
+    return f"remove it with '{rm}' and add it again with 'zml-policy-sqlite add'"
+
+
+def open_error(path: str, exc: sqlite3.Error) -> StoreError:
+    """The StoreError for a database file that cannot be opened or read, with what to do."""
+    where = Path(path)
+    if where.is_dir():
+        why = "it is a directory; pass the path of a database file (created if missing)"
+    elif not where.parent.is_dir():
+        why = f"the directory {str(where.parent)!r} does not exist; create it first"
+    else:
+        why = f"{exc}; check that it is a SQLite database this user may read and write"
+    return StoreError(f"cannot open the policy database {path!r}: {why}",
+                      field="db", value=path, source=path)
 
 
 class PolicyStore:
@@ -74,7 +117,10 @@ class PolicyStore:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._conn = connect(self.path)
+        try:
+            self._conn = connect(self.path)
+        except sqlite3.Error as exc:
+            raise open_error(self.path, exc) from None
 
     def close(self) -> None:
         """Close the connection."""
@@ -87,14 +133,49 @@ class PolicyStore:
         self.close()
 
     def get(self, name: str) -> dict[str, Any] | None:
-        """The fields of policy ``name`` (without ``name``), or None."""
+        """The fields of policy ``name`` (without ``name``), or None.
+
+        Raises:
+            BadRowError: the row is not a JSON object (edited by hand).
+        """
         row = self._conn.execute(f"SELECT fields FROM {TABLE} WHERE name = ?", (name,)).fetchone()
-        return None if row is None else decode(name, row[0])
+        return None if row is None else self._decode(name, row[0])
 
     def items(self) -> list[tuple[str, dict[str, Any]]]:
-        """Every (name, fields), by name."""
+        """Every (name, fields), by name (BadRowError for the first row that is not a policy)."""
+        good, bad = self.scan()
+        if bad:
+            raise bad[0]
+        return good
+
+    def scan(self) -> tuple[list[tuple[str, dict[str, Any]]], list[BadRowError]]:
+        """Every (name, fields) that is a policy, by name, and a BadRowError for each row that
+        is not (so one row edited by hand does not hide the others)."""
+        good: list[tuple[str, dict[str, Any]]] = []
+        bad: list[BadRowError] = []
         rows = self._conn.execute(f"SELECT name, fields FROM {TABLE} ORDER BY name").fetchall()
-        return [(name, decode(name, text)) for name, text in rows]
+        for name, text in rows:
+            try:
+                if not isinstance(name, str):
+                    raise self._bad_name(name)
+                good.append((name, self._decode(name, text)))
+            except BadRowError as exc:
+                bad.append(exc)
+        return good, bad
+
+    def _decode(self, name: str, text: object) -> dict[str, Any]:
+        try:
+            return decode(name, text)
+        except ValueError as exc:
+            raise BadRowError(f"{exc}, in {self.path}; {repair_hint(name, self.path)}",
+                              field="fields", value=name, source=self.path) from None
+
+    def _bad_name(self, name: object) -> BadRowError:
+        return BadRowError(
+            f"a row of {self.path} has a name that is not text ({name!r:.60}); delete it with "
+            f"sqlite3: DELETE FROM {TABLE} WHERE typeof(name) != 'text'",
+            field="name", value=name, source=self.path,
+        )
 
     def add(self, name: str, fields: dict[str, Any]) -> None:
         """Insert a new policy (StoreError if ``name`` exists)."""

@@ -175,8 +175,11 @@ def zml_register_policy_sources(
 ) -> None:
     """Register sources of named policies, for ``infer(policy="name")``.
 
-    Called when a client is built (after its fleet registry is complete), and again when a
-    plugin is registered on or unregistered from the client's plugin manager.
+    Called once per client and plugin: when the client is built (after its fleet registry is
+    complete), or when the plugin is registered on the client's plugin manager later. The
+    sources a plugin registered stay the client's while the plugin is registered (an
+    environment variable read here keeps the value it had); they go when it is unregistered.
+    An implementation that raises is called again at the next named lookup.
 
     A lookup asks the sources in the order they were registered and the first one whose
     ``get(name)`` is not None wins. With pluggy's order (see the module docstring) that is:

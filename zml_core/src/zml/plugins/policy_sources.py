@@ -55,12 +55,40 @@ def plugin_failure(what: str, exc: Exception, field: str,
     )
 
 
-def collect_policy_sources(pm: PluginManager, registry: Registry) -> list[PolicySource]:
-    """Call ``zml_register_policy_sources`` and return the sources, in precedence order.
+_Known = dict[int, tuple[Any, list["PolicySource"]]]
+"""id(hook implementation) -> (the implementation, the sources it registered)."""
+
+
+def collect_policy_sources(
+    pm: PluginManager, registry: Registry, known: _Known | None = None
+) -> tuple[list[PolicySource], _Known]:
+    """Call each ``zml_register_policy_sources`` implementation; return the sources, in
+    precedence order, and what each implementation registered.
+
+    An implementation in ``known`` (what an earlier call returned) is not called again: its
+    sources are reused. So a plugin registers its sources once per client, when the client is
+    built or when the plugin joins it, and an environment variable it reads then keeps the
+    value it had (registering an unrelated plugin later does not move the client's store).
 
     Raises:
         PolicyConfigError: a plugin registered something that is not a source, or raised.
     """
+    known = {} if known is None else known
+    found: _Known = {}
+    sources: list[PolicySource] = []
+    for impl in pm.impls("zml_register_policy_sources"):
+        if impl.wrapper or impl.hookwrapper:
+            continue  # (one implementation at a time: there is no inner call to wrap)
+        entry = known.get(id(impl))
+        if entry is None or entry[0] is not impl:
+            entry = (impl, _call_registration(impl, registry))
+        found[id(impl)] = entry
+        sources.extend(s for s in entry[1] if not any(s is t for t in sources))
+    return sources, found
+
+
+def _call_registration(impl: Any, registry: Registry) -> list[PolicySource]:
+    """One plugin's ``zml_register_policy_sources``: the sources it registers."""
     sources: list[PolicySource] = []
 
     def register(source: PolicySource) -> None:
@@ -76,8 +104,9 @@ def collect_policy_sources(pm: PluginManager, registry: Registry) -> list[Policy
         if not any(s is source for s in sources):
             sources.append(source)
 
+    arguments = {"register": register, "registry": registry}
     try:
-        pm.hook.zml_register_policy_sources(register=register, registry=registry)
+        impl.function(*[arguments[name] for name in impl.argnames])
     except PolicyConfigError:
         raise
     except Exception as exc:  # without its sources, a name could resolve to another policy
@@ -131,6 +160,7 @@ class SourcePolicies(Mapping[str, Policy]):
         self._generation = -1
         self._sources: list[PolicySource] = []
         self._versioned: list[tuple[PolicySource, list[Hashable]]] = []
+        self._known: _Known = {}
         try:
             self._refresh_sources()
         except SourceFailure as exc:
@@ -141,7 +171,7 @@ class SourcePolicies(Mapping[str, Policy]):
 
     def _refresh_sources(self) -> None:
         generation = self._pm.generation
-        sources = collect_policy_sources(self._pm, self._registry)
+        sources, known = collect_policy_sources(self._pm, self._registry, self._known)
         versioned: list[tuple[PolicySource, list[Hashable]]] = []
         for source in sources:
             if callable(getattr(source, "version", None)):
@@ -150,6 +180,7 @@ class SourcePolicies(Mapping[str, Policy]):
             if callable(subscribe) and not any(s is source for s in self._sources):
                 subscribe(self._invalidate)
         with self._lock:
+            self._known = known
             self._sources = sources
             self._versioned = versioned
             self._generation = generation
