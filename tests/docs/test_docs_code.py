@@ -237,3 +237,14 @@ def test_toml_blocks_are_valid_configuration() -> None:
             _check_toml(data, block.where)
             checked += 1
     assert checked >= 3
+
+
+def test_the_readmes_toml_blocks_are_valid_configuration() -> None:
+    """The repository's README and the one PyPI shows: a reader copies these first."""
+    checked = 0
+    for page in (ROOT / "README.md", ROOT / "zml_core" / "README.md"):
+        for block in code_blocks(page):
+            if block.lang == "toml":
+                _check_toml(tomllib.loads(block.code), block.where)
+                checked += 1
+    assert checked >= 2

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 
 from tests.conftest import MODEL, SimSetup
 
@@ -132,3 +133,22 @@ def test_zml_serve_on_port_0_says_the_port_it_got(sim_fleet: Any) -> None:
         wait_ready(proc, url)
     finally:
         stop(proc)
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("--host", "", "--host must be an address to listen on, got ''"),
+    ("--host", "  ", "0.0.0.0 to listen on every interface on purpose"),
+    ("--workers", str(4 * (os.cpu_count() or 1) + 1), "(4 per CPU of this machine)"),
+])
+def test_zml_serve_refuses_an_empty_host_and_a_fork_bomb_of_workers(
+        sim_fleet: Any, flag: str, value: str, says: str) -> None:
+    """An empty --host would listen on every interface (the Host check then does not apply);
+    --workers 100000 would start that many processes."""
+    setup = sim_fleet([{"id": "gpu", "family": "H100", "max_concurrency": 1}])
+    result = subprocess.run(
+        [sys.executable, "-m", "zml", "serve", "--config", str(setup.path), "--port", "0",
+         flag, value], capture_output=True, text=True, env=env(), timeout=60, check=False,
+        cwd=str(ROOT))
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr
+    assert "serving" not in result.stderr and "Traceback" not in result.stderr

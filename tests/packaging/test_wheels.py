@@ -29,6 +29,11 @@ from pathlib import Path
 
 import pytest
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 pytestmark = pytest.mark.install
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,6 +140,19 @@ def test_sdist_ships_the_license_readme_and_sources(built: Built, name: str) -> 
     package = DISTRIBUTIONS[name][1]
     assert {"LICENSE", "README.md", "pyproject.toml"} <= names, sorted(names)
     assert any(n.startswith(package + "/") or f"/{package}/" in n for n in names), sorted(names)
+
+
+@pytest.mark.parametrize("name", DISTRIBUTIONS)
+def test_an_sdists_pyproject_stands_on_its_own(built: Built, name: str) -> None:
+    """No ``workspace = true`` source: uv refuses to build an unpacked sdist (or a path
+    dependency on it) whose pyproject points into a workspace it is not part of."""
+    with tarfile.open(built.sdists[name]) as archive:
+        [member] = [m for m in archive.getmembers() if m.name.count("/") == 1
+                    and m.name.endswith("/pyproject.toml")]
+        extracted = archive.extractfile(member)
+        assert extracted is not None
+        pyproject = tomllib.loads(extracted.read().decode())
+    assert "sources" not in pyproject.get("tool", {}).get("uv", {}), pyproject["tool"]
 
 
 # --- what PyPI shows ----------------------------------------------------------------------

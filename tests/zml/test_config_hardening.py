@@ -196,6 +196,11 @@ def test_a_node_url_must_be_a_string_not_bytes(url: object) -> None:
             {"id": "n1", "family": "H100", "url": url, "models": ["m"], "max_concurrency": 1}]})
 
 
+def test_a_node_url_with_port_0_is_refused() -> None:
+    with pytest.raises(ValueError, match="has port 0, which no node listens on"):
+        _node(url="http://localhost:0")
+
+
 def test_api_key_env_names_an_environment_variable() -> None:
     assert _node(api_key_env="H100_KEY").api_key_env == "H100_KEY"
     for bad in ["1KEY", "MY-KEY", "", "A B", "sk-abc123"]:

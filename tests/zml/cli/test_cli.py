@@ -151,3 +151,29 @@ def test_plugins_can_add_subcommands(capsys: pytest.CaptureFixture[str]) -> None
     finally:
         for name in names:
             unregister(name=name)
+
+
+@pytest.mark.parametrize(("gateway", "says"), [
+    ('default_policy = "nosuch"\n', "[gateway] default_policy = 'nosuch' is not a known policy"),
+    ('[gateway.aliases]\n"chat" = { model = "nosuch" }\n', "no node serves model 'nosuch'"),
+    ('[gateway.aliases]\n"chat" = { model = "meta-llama/llama-3-8b-instruct", '
+     'policy = "nosuch" }\n', "policy 'nosuch' is not a known policy"),
+])
+def test_policy_check_refuses_the_gateway_names_serve_would(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], gateway: str, says: str) -> None:
+    path = tmp_path / "zml.toml"
+    path.write_text(demo_config() + "\n[gateway]\n" + gateway)
+    assert main(["policy", "check", "--config", str(path)]) == 2
+    assert says in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_a_warning_is_one_line_of_the_command(tmp_path: Path) -> None:
+    path = tmp_path / "zml.toml"
+    path.write_text(demo_config())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZML_")}
+    env["ZML_PLUGINS"] = "nosuch"
+    proc = subprocess.run([sys.executable, "-m", "zml", "policy", "check", "--config",
+                           str(path)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "zml: warning: ZML_PLUGINS names plugin(s) that are not installed: nosuch"]

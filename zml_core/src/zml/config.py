@@ -189,9 +189,12 @@ class NodeConfig(_Strict):
                 f"{shown!r} is not an http(s) URL with a host; write e.g. 'http://127.0.0.1:8000'"
             )
         try:
-            parts.port  # noqa: B018 - raises ValueError on a bad port
+            port = parts.port
         except ValueError:
             raise ValueError(f"{shown!r} has an invalid port") from None
+        if port == 0:  # a listener's "any free port", not a port anything can be reached on
+            raise ValueError(f"{shown!r} has port 0, which no node listens on; write the "
+                             "node's port (1-65535)")
         return value.rstrip("/")
 
     @field_validator("api_key_env")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from zml.cli.values import positive_float, positive_int
 from zml.errors import ZMLError
@@ -93,6 +94,22 @@ def _plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``zml`` command; returns the exit status."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning  # (restored when the command returns)
+        return _run(argv)
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, file: Any = None, line: str | None = None) -> None:
+    """A warning as a command shows it: ``zml: warning: ...``, one line, not the
+    ``warnings`` module's source path and code line (``ZML_PLUGINS`` naming a missing
+    plugin, say)."""
+    print(f"zml: warning: {message}", file=sys.stderr)
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     from zml.cli.output import CommandError, print_error, stderr_console
 

@@ -139,6 +139,7 @@ def policy_check(config: str | None) -> int:
         return 2
     console = stdout_console()
     with _client(str(path)) as client:
+        _check_gateway_names(client)
         t = table("policy", "chain", "latency target", "cost priority", "queue",
                   title=f"policies in {client.registry.source}", whole=("policy",))
         for name, p in client.policies.items():
@@ -151,6 +152,19 @@ def policy_check(config: str | None) -> int:
                   f"nodes, {len(client.policies)} policies")
         console.print(ok, soft_wrap=True)
     return 0
+
+
+def _check_gateway_names(client: Client) -> None:
+    """What ``zml serve`` checks of ``[gateway]`` once the policies are known (plugins' too):
+    ``default_policy`` and each alias name a known policy and a served model."""
+    registry = client.registry
+    if not registry.gateway:
+        return
+    from zml.gateway.selection import Selector
+    from zml.gateway.settings import gateway_settings
+
+    served = {model for node in registry.nodes for model in node.models}
+    Selector(gateway_settings(registry), served, client.policies).check(registry.source)
 
 
 def fleet_status(config: str | None) -> int:

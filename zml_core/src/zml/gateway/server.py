@@ -33,6 +33,12 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8400
 
 
+def max_workers() -> int:
+    """The most ``--workers`` accepted: 4 per CPU (a typo such as 100000 would fork that many
+    processes)."""
+    return 4 * (os.cpu_count() or 1)
+
+
 def app_from_environment() -> Starlette:
     """The app of one uvicorn worker (configuration from ``ZML_CONFIG``)."""
     return create_app()
@@ -49,8 +55,18 @@ def serve(config: str | None = None, *, host: str = DEFAULT_HOST, port: int = DE
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InvalidRequestError(f"--workers must be a positive integer, got {workers!r}",
                                   param="workers")
+    most = max_workers()
+    if workers > most:
+        raise InvalidRequestError(
+            f"--workers {workers} is more than {most} (4 per CPU of this machine): each worker "
+            "is a process with its own client; pass at most that many", param="workers")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise InvalidRequestError(f"--port must be 0..65535, got {port!r}", param="port")
+    if not isinstance(host, str) or not host.strip():
+        raise InvalidRequestError(
+            f"--host must be an address to listen on, got {host!r}: 127.0.0.1 (the default, "
+            "this machine only), or 0.0.0.0 to listen on every interface on purpose",
+            param="host")
     path = discover_path(config)
     if path is None:
         raise PolicyConfigError(
