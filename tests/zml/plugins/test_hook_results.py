@@ -219,3 +219,22 @@ def test_a_ledger_plugin_returning_something_else_fails_the_build(config: Path) 
             zml.Client(config=config)
     finally:
         zml.plugins.unregister(name="dict-ledger")
+
+
+@pytest.mark.parametrize(("stop_after", "ending"), [(1, "cancelled"), (2, "completed")])
+def test_a_stream_left_once_its_answer_is_whole_completed(
+        driver: Driver, stop_after: int, ending: str) -> None:
+    """The usual SSE here: two content chunks (the second with finish_reason "stop"), a usage
+    chunk, [DONE], all in one read. Leaving after the finish_reason, as chat UIs do, is no
+    cancellation: the request's usage (decoded with the rest) and cost are recorded."""
+    recorder = Recorder()
+    driver.plugins.register(recorder, name="recorder")
+    stream, chunks = driver.stream(policy="h100only", stop_after=stop_after)
+    assert len(chunks) == stop_after
+    assert recorder.names() == ["started", "routed", ending]
+    if ending == "completed":
+        (_, completed), = [e for e in recorder.events if e[0] == "completed"]
+        assert completed["cost"] is not None and completed["usage"] == {
+            "prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+        assert stream.routing is not None and stream.routing.cost is not None
+    assert driver.client.fleet.node("h100-a").load == 0

@@ -132,6 +132,15 @@ class _Base:
         self._ready = chunks
         return chunks.pop()
 
+    def _answered(self) -> bool:
+        """Whether the caller has had the whole answer: every choice got its finish_reason and
+        no decoded chunk with choices is still waiting for it (a usage-only one may). A stream
+        closed then (before ``[DONE]``, or the usage chunk that may follow) completed: its
+        usage, if it arrived, and its cost are recorded."""
+        op = self._op
+        return op is not None and op.decoder.finished \
+            and all(not chunk.choices for chunk in self._ready)
+
     def _end(self, error: BaseException | None = None, *, complete: bool = False) -> bool:
         """End the call once (False if it had ended): success, an error, or walking away.
 
@@ -275,8 +284,10 @@ class Stream(_Base):
             op.body = None
 
     def close(self) -> None:
-        """Stop the stream: close the connection (the node drops the request) and free the slot."""
-        if self._end():
+        """Stop the stream: close the connection (the node drops the request) and free the slot.
+
+        After the last finish_reason the request counts as completed, else as cancelled."""
+        if self._end(complete=self._answered()):
             self._close()
 
     def __enter__(self) -> Stream:
@@ -403,8 +414,9 @@ class AsyncStream(_Base):
 
         From another task while the stream is still opening, it also stops the opening: the
         attempt's connection is shut down (or its wait in the saturation queue ended), and the
-        task that opens it ends its loop (no failover, the node is not blamed)."""
-        if self._end():
+        task that opens it ends its loop (no failover, the node is not blamed). After the last
+        finish_reason the request counts as completed, else as cancelled."""
+        if self._end(complete=self._answered()):
             if self._op is None:
                 self._call.stop()
             await self._close()
