@@ -169,22 +169,32 @@ def _check_gateway_names(client: Client) -> None:
 
 def fleet_status(config: str | None) -> int:
     """Probe every node (its ``/health`` and ``/metrics``) and show whether it is up and its
-    load; circuit state is a client's own, in ``client.fleet.status()``."""
+    load; circuit state is a client's own, in ``client.fleet.status()``.
+
+    One table line per node; why a node is down (``ConnectError: [Errno 111] Connection
+    refused``) is printed whole below the table, one line per down node, so the table keeps
+    one line per node at 80 columns and when piped."""
     console = stdout_console()
     with _client(config) as client, httpx2.Client() as http:
         results = {r.node_id: r for r in Prober(client.fleet).probe_all(http)}
         t = table("node", "family", "url", "health", "running", "waiting", "slots",
-                  title="fleet status", whole=("node", "url"))
+                  title="fleet status", whole=("node", "family", "url", "health"))
+        reasons: list[Text] = []
         for node in client.fleet:
             r = results[node.id]
-            health = Text("up", style="green") if r.healthy else Text("down", style="red")
-            if not r.healthy and r.error:
-                health.append(f" {r.error}")
             t.add_row(
-                node.id, node.family, redact_url(node.url), health,
+                node.id, node.family, redact_url(node.url),
+                Text("up", style="green") if r.healthy else Text("down", style="red"),
                 "-" if r.running is None else str(r.running),
                 "-" if r.waiting is None else str(r.waiting),
                 str(node.max_concurrency),
             )
+            if not r.healthy:
+                reason = Text(f"{node.id}: ")
+                reason.append("down", style="red")
+                reason.append(f" {r.error}" if r.error else "")
+                reasons.append(reason)
         console.print(t)
+        for reason in reasons:
+            console.print(reason, soft_wrap=True)
         return 0 if all(r.healthy for r in results.values()) else 1

@@ -7,8 +7,9 @@ replay engine (:mod:`zml.sim.rows`). ``--live`` sends the policy rows in real ti
 config's nodes instead (:mod:`zml.sim.live`). Without
 ``--policy`` or ``--strategy``, every policy of the config and every baseline strategy is replayed. Bad input (a
 missing or malformed trace, an unknown policy or strategy, a rate scale <= 0, an infinite
-``--slo-ms``, a ``--json`` or ``--plot`` path that cannot be written) is one clear message and
-exit status 2, found before anything is replayed.
+``--slo-ms``, a ``--json`` or ``--plot`` path that cannot be written, a ``--plot`` that does not
+end in ``.png`` or ``.html``, a ``.png`` plot without matplotlib) is one clear message and exit
+status 2, found before anything is replayed.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def add_replay_parser(sim_sub: Any) -> None:
     p.add_argument("--slo-ms", type=float, metavar="MS", help="TTFT target for rows without "
                    "one (default: the first policy's latency_target_ms)")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON")
-    p.add_argument("--plot", metavar="OUT", help="draw TTFT CDFs and family shares (.png with "
-                   "matplotlib, or .html)")
+    p.add_argument("--plot", metavar="OUT", help="draw TTFT CDFs and family shares to OUT, "
+                   "which ends in .png (needs matplotlib) or .html")
     p.add_argument("--seed", type=int, default=0, help="seed of the routers' random choices")
     p.add_argument("--live", action="store_true", help="send the trace in real time to the "
                    "config's nodes (simulated or real) with zml.AsyncClient instead of "
@@ -75,7 +76,7 @@ def run_replay(args: argparse.Namespace) -> int:
     from zml.config import discover_path, load_registry, suggest
     from zml.policy import validate_policy_tables
     from zml.sim.replay import ReplayRun
-    from zml.sim.report import plot, replay_document, rich_table, summarize
+    from zml.sim.report import check_plot, plot, replay_document, rich_table, summarize
     from zml.sim.rows import plan_rows, run_row
     from zml.sim.traces import read_trace
     from zml.strategies import STRATEGIES
@@ -97,6 +98,8 @@ def run_replay(args: argparse.Namespace) -> int:
     for flag, out_path in (("--json", args.json), ("--plot", args.plot)):
         if out_path is not None:
             check_output_path(flag, out_path)
+    if args.plot is not None:
+        check_plot(args.plot, load=False)  # the extension now; matplotlib before the trace
     for name in args.strategy:
         if name not in STRATEGIES:
             hint = suggest(name, STRATEGIES)
@@ -128,6 +131,8 @@ def run_replay(args: argparse.Namespace) -> int:
     elif model not in models:
         raise InvalidRequestError(f"no node of the config serves --model {model!r} (models: "
                                   f"{', '.join(models)})", param="model")
+    if args.plot is not None:
+        check_plot(args.plot)  # a .png needs matplotlib: say so now, not after the replay
     arrivals = list(read_trace(args.trace, limit=args.limit))
     if not arrivals:
         raise InvalidRequestError(f"{args.trace}: the trace has no requests", param="trace")

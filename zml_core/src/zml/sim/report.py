@@ -36,15 +36,53 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from zml.errors import ZMLError
+from zml.errors import InvalidRequestError, ZMLError
 from zml.sim.model import hit_rate
 from zml.sim.replay import Outcome, ReplayRun
 
-__all__ = ["PlotUnavailable", "percentile", "plot", "replay_document", "rich_table", "summarize"]
+__all__ = ["PLOT_FORMATS", "PlotUnavailable", "check_plot", "percentile", "plot",
+           "replay_document", "rich_table", "summarize"]
+
+PLOT_FORMATS: tuple[str, ...] = (".png", ".html")
+"""The extensions :func:`plot` writes (in any case): a matplotlib PNG, or a self-contained
+HTML page."""
 
 
 class PlotUnavailable(ZMLError):
     """``--plot OUT.png`` needs matplotlib (``pip install 'zmlai[plot]'``)."""
+
+
+def check_plot(path: str, *, flag: str = "--plot", load: bool = True) -> None:
+    """Refuse a plot :func:`plot` cannot write, before any work is done: its extension is not
+    one of :data:`PLOT_FORMATS` (none, or ``.txt``, ``.svg``...), or it is a ``.png`` and
+    matplotlib cannot be imported (only checked when ``load``).
+
+    Raises:
+        InvalidRequestError: the extension is missing or not ``.png`` / ``.html``.
+        PlotUnavailable: a ``.png`` and no matplotlib.
+    """
+    suffix = Path(path).suffix
+    accepted = " or ".join(PLOT_FORMATS)
+    if suffix.lower() not in PLOT_FORMATS:
+        problem = (f"has no extension; name a {accepted} file, e.g. {path + '.html'!r}"
+                   if not suffix else
+                   f"has an unsupported extension {suffix!r}; name a {accepted} file, e.g. "
+                   f"{path[: -len(suffix)] + '.html'!r}")
+        raise InvalidRequestError(f"{flag} {path!r} {problem}", param=flag.lstrip("-"))
+    if load and suffix.lower() == ".png":
+        _pyplot(path, flag)
+
+
+def _pyplot(path: str, flag: str = "--plot") -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, or :class:`PlotUnavailable`."""
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+        matplotlib.use("Agg")
+        return importlib.import_module("matplotlib.pyplot")
+    except ImportError:
+        raise PlotUnavailable(
+            f"{flag} {path}: PNG plots need matplotlib; install it with "
+            "`pip install 'zmlai[plot]'`, or write an .html plot instead") from None
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:
@@ -173,19 +211,18 @@ def _shares(run: ReplayRun) -> tuple[list[float], dict[str, list[float]]]:
 
 def plot(runs: Sequence[ReplayRun], path: str) -> None:
     """Draw TTFT CDFs per row and per-family share over time: ``.png`` (matplotlib) or
-    ``.html`` (a self-contained page with inline SVG, no dependency)."""
+    ``.html`` (a self-contained page with inline SVG, no dependency), at exactly ``path``.
+
+    Raises:
+        InvalidRequestError: ``path`` does not end in ``.png`` or ``.html`` (:func:`check_plot`).
+        PlotUnavailable: a ``.png`` and no matplotlib.
+    """
+    check_plot(path, load=False)
     target = Path(path)
     if target.suffix.lower() == ".html":
         target.write_text(_html(runs), encoding="utf-8")
         return
-    try:
-        matplotlib = importlib.import_module("matplotlib")
-        matplotlib.use("Agg")
-        plt: Any = importlib.import_module("matplotlib.pyplot")
-    except ImportError:
-        raise PlotUnavailable(
-            f"--plot {path}: PNG plots need matplotlib; install it with "
-            "`pip install 'zmlai[plot]'`, or write an .html plot instead") from None
+    plt: Any = _pyplot(path)
     fig, axes = plt.subplots(1 + len(runs), 1, figsize=(9, 3.2 * (1 + len(runs))), squeeze=False)
     ax = axes[0][0]
     for run in runs:
@@ -209,7 +246,7 @@ def plot(runs: Sequence[ReplayRun], path: str) -> None:
         ax.set_xlabel("virtual time (s)")
         ax.set_ylim(0, 1)
     fig.tight_layout()
-    fig.savefig(target, dpi=80)
+    fig.savefig(target, dpi=80, format="png")
     plt.close(fig)
 
 

@@ -130,15 +130,31 @@ def read_trace(
     p = str(path)
     if limit is not None and limit < 0:
         raise TraceError(f"limit must be >= 0, got {limit!r}", path=p, field="limit")
-    if not Path(p).is_file():
-        raise _fail(p, None, None, "no such trace file; pass the path of a .csv (Azure) or "
-                    ".jsonl (Mooncake or zml) trace")
+    _check_file(p)
     fmt = format or detect_format(p)
     if fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; expected one of {', '.join(FORMATS)}",
                          path=p, field="format")
     rows = _azure(p) if fmt == "azure" else _jsonl(p, fmt)
     return _checked(p, rows, limit)
+
+
+def _check_file(path: str) -> None:
+    """Refuse a path that is not a trace file: missing, a directory, or not a regular file."""
+    expected = "pass the path of a .csv (Azure) or .jsonl (Mooncake or zml) trace"
+    try:
+        target = Path(path)
+        if target.is_file():
+            return
+        if target.is_dir():
+            problem = f"is a directory, not a trace file; {expected} in it"
+        elif target.exists():
+            problem = f"is not a regular file; {expected}"
+        else:
+            problem = f"no such trace file; {expected}"
+    except (OSError, ValueError) as exc:  # a name too long, a NUL character...
+        problem = f"is not a usable path ({getattr(exc, 'strerror', None) or exc}); {expected}"
+    raise _fail(path, None, None, problem)
 
 
 def _checked(path: str, rows: Iterator[tuple[int, Arrival]], limit: int | None) -> Iterator[Arrival]:
