@@ -229,3 +229,98 @@ def test_a_database_that_cannot_be_opened_is_named_with_what_to_do(
     with pytest.raises(StoreError, match="it is a directory") as info:
         PolicyStore(tmp_path)
     assert isinstance(info.value, zml.PolicyConfigError) and info.value.source == str(tmp_path)
+
+
+@pytest.mark.parametrize("command", [
+    ["list"], ["list", "--json"], ["show", "p"], ["rm", "p"],
+    ["update", "p", "--chain", "H100"],
+])
+def test_commands_that_need_the_database_refuse_a_missing_file_and_create_nothing(
+    tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    new = tmp_path / "new.db"
+    extra = ["--config", str(config)] if command[0] == "update" else []
+    assert cli(*command, "--db", new, *extra) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert err.startswith(f"zml-policy-sqlite: error: the policy database {str(new)!r} does "
+                          "not exist (nothing was created); create it with "
+                          f"'zml-policy-sqlite add NAME --db {new} ...' (or "
+                          f"'zml-policy-sqlite init --db {new}' for an empty one), or fix --db")
+    assert not new.exists()
+    missing_dir = tmp_path / "nodir" / "p.db"
+    assert cli(*command, "--db", missing_dir, *extra) == 1
+    err = capsys.readouterr().err
+    assert f"the directory {str(missing_dir.parent)!r} does not exist; nothing was created" in err
+    assert len(err.splitlines()) == 1 and not missing_dir.parent.exists()
+
+
+def test_a_missing_database_named_by_the_variable_is_refused_too(
+    db: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli("list") == 1
+    err = capsys.readouterr().err
+    assert f"the policy database {str(db)!r} does not exist" in err
+    assert "or fix --db (or $ZML_POLICY_SQLITE_DB)" in err and not db.exists()
+
+
+def test_the_console_script_refuses_a_missing_database_with_status_1(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZML_")}
+    script = Path(sys.executable).parent / "zml-policy-sqlite"
+    done = subprocess.run([str(script), "list", "--db", "new.db"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("zml-policy-sqlite: error: the policy database 'new.db' does "
+                                  "not exist (nothing was created); create it with "
+                                  "'zml-policy-sqlite add NAME --db new.db ...'")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_add_creates_the_database_and_says_so(
+    tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    new = tmp_path / "new.db"
+    # a refused policy creates no file either: validation comes before the file is opened
+    assert cli("add", "p", "--db", new, "--config", config, "--chain", "TPU") == 1
+    capsys.readouterr()
+    assert not new.exists()
+    assert cli("add", "p", "--db", new, "--config", config, "--chain", "H100") == 0
+    assert capsys.readouterr().out == \
+        f"added policy 'p' to {new} (a new database: the file did not exist)\n"
+    assert cli("add", "q", "--db", new, "--config", config, "--chain", "H100") == 0
+    assert capsys.readouterr().out == f"added policy 'q' to {new}\n"
+    assert cli("add", "p", "--db", tmp_path / "nodir" / "p.db", "--config", config,
+               "--chain", "H100") == 1
+    assert "does not exist; create it first" in capsys.readouterr().err
+
+
+def test_init_creates_an_empty_database_and_leaves_an_existing_one_alone(
+    tmp_path: Path, config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    new = tmp_path / "new.db"
+    assert cli("init", "--db", new) == 0
+    assert capsys.readouterr().out == f"created the policy database {new}\n"
+    assert cli("list", "--db", new) == 0 and capsys.readouterr() == ("", "")
+    assert cli("add", "p", "--db", new, "--config", config, "--chain", "H100") == 0
+    capsys.readouterr()
+    assert cli("init", "--db", new) == 0
+    assert capsys.readouterr().out == \
+        f"the policy database {new} exists already (1 policy); nothing to do\n"
+    with PolicyStore(new) as store:
+        assert store.items() == [("p", {"accelerator_chain": ["H100"]})]
+    text = tmp_path / "text.db"
+    text.write_text("not a database at all\n" * 100)
+    assert cli("init", "--db", text) == 1
+    assert "file is not a database" in capsys.readouterr().err
+
+
+def test_the_store_creates_a_file_only_when_asked(tmp_path: Path) -> None:
+    new = tmp_path / "new.db"
+    with pytest.raises(StoreError, match="does not exist") as info:
+        PolicyStore(new, create=False)
+    assert isinstance(info.value, zml.PolicyConfigError) and info.value.source == str(new)
+    assert not new.exists()
+    with PolicyStore(new) as store:
+        assert store.created
+    with PolicyStore(new, create=False) as store:
+        assert not store.created and store.items() == []

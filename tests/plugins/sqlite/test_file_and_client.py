@@ -1,7 +1,7 @@
 """A database file replaced or deleted under running clients, and the database a client keeps.
 
 Real SQLite files throughout; no timing: sources retry at once (``retry_interval_s=0``) where
-an outage ends within a test.
+an outage ends within a test (a file that does not exist yet is looked for on every lookup).
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import subprocess
+import sys
 import weakref
 from pathlib import Path
 
@@ -109,11 +111,41 @@ def test_a_deleted_file_is_an_outage_and_is_not_created_again(
         source.close()
 
 
-def test_a_source_that_never_read_the_file_still_creates_it(tmp_path: Path) -> None:
+def test_a_missing_file_is_not_created_and_is_read_once_it_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
     path = tmp_path / "new.db"
+    # the default back-off (1 s) applies to outages, not to a file that does not exist yet
+    source = SQLitePolicySource("new.db")
+    try:
+        assert source.version() == 0  # a client can be built
+        for _ in range(2):
+            with pytest.raises(zml.PolicyConfigError) as info:
+                source.get("a")
+            message = str(info.value)
+            assert message.startswith("policy source 'sqlite:new.db' cannot look up policy 'a': "
+                                      f"the database file {path} does not exist: ")
+            assert f"'zml-policy-sqlite add NAME --db {path} ...'" in message
+            assert f"'zml-policy-sqlite init --db {path}'" in message
+            assert "or fix the path" in message and "never creates it" in message
+            assert info.value.source == "sqlite:new.db" and info.value.value == str(path)
+            with pytest.raises(zml.PolicyConfigError, match="cannot list policies: the database"):
+                source.list()
+        assert not path.exists()  # no empty database left behind by a mistyped path
+        write(path, a=A)  # created by the command line: the next lookup reads it
+        assert source.get("a") == {"name": "a", **A} and source.list() == ["a"]
+        assert source.version() != 0
+    finally:
+        source.close()
+
+
+def test_an_empty_database_before_the_first_policy_is_an_empty_source(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    PolicyStore(path).close()  # `zml-policy-sqlite init`
     source = SQLitePolicySource(path)
     try:
-        assert source.list() == [] and path.exists()  # a client may start before any policy
+        assert source.list() == [] and source.get("a") is None
         replace(path, a=A)
         assert source.get("a") == {"name": "a", **A}
     finally:
@@ -151,6 +183,39 @@ def test_running_and_new_clients_see_a_replaced_database(db: Path, config: Path)
             assert family(c2, "p") == "MI300X"
         db.unlink()  # an outage: the policies read last are still served
         assert family(c, "q") == "MI300X"
+
+
+def test_a_client_with_a_mistyped_database_names_it_and_creates_nothing(
+    tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    typo = tmp_path / "typo.db"
+    monkeypatch.setenv("ZML_POLICY_SQLITE_DB", str(typo))
+    try:
+        with client(config) as c:  # a client may be built before the file exists
+            assert c.infer("m", MSGS).routing.accelerator  # no policy named: routes as usual
+            for name in ("fast", "prod"):  # prod is in zml.toml, but the database comes first
+                with pytest.raises(zml.PolicyConfigError) as info:
+                    c.infer("m", MSGS, policy=name)
+                message = str(info.value)
+                assert "unknown policy" not in message
+                assert f"policy source 'sqlite:{typo}' cannot look up policy {name!r}: " \
+                       f"ZML_POLICY_SQLITE_DB names {typo}, which does not exist: create it " \
+                       f"with 'zml-policy-sqlite add NAME --db {typo} ...'" in message
+                assert message.endswith("or fix the variable (the client reads the file once "
+                                        "it exists, without a restart; it never creates it)")
+                assert info.value.source == f"sqlite:{typo}"
+            assert not typo.exists()
+            # `add` from another process creates the file: the next lookup reads it
+            env = {k: v for k, v in os.environ.items() if not k.startswith("ZML_")}
+            added = subprocess.run(
+                [sys.executable, "-m", "zml_policy_sqlite", "add", "fast", "--db", str(typo),
+                 "--config", str(config), "--chain", "MI300X"],
+                env=env, capture_output=True, text=True, timeout=60,
+            )
+            assert added.returncode == 0, added.stderr
+            assert family(c, "fast") == "MI300X" and family(c, "prod") == "H100"
+    finally:
+        source_for(str(typo)).close()
 
 
 def test_a_client_keeps_the_database_it_was_built_with(

@@ -131,6 +131,7 @@ def test_a_client_built_while_the_database_is_locked_fails_only_named_lookups(
 
 
 def test_database_wins_over_zml_toml(db: Path, config: Path) -> None:
+    assert run(["init", "--db", str(db)]) == 0  # an empty database: zml.toml's policies apply
     with client(config) as c:
         assert c.infer("m", MSGS, policy="prod").routing.accelerator == "H100"
         add(db, config, "prod", "MI300X")
@@ -149,6 +150,7 @@ def test_hand_edited_invalid_row_fails_with_policy_config_error(db: Path, config
 
 
 def test_version_changes_only_on_other_connections_commits(tmp_path: Path) -> None:
+    PolicyStore(tmp_path / "v.db").close()
     source = SQLitePolicySource(tmp_path / "v.db", poll_interval_s=0)
     before = source.version()
     assert source.version() == before and source.list() == []

@@ -1,14 +1,17 @@
-"""``zml-policy-sqlite``: add, update, list, show and remove policies in the database.
+"""``zml-policy-sqlite``: create the database; add, update, list, show and remove its policies.
 
 Every write is validated first, against the fleet registry a zml client would build from the
 same configuration (``--config PATH``, else ``$ZML_CONFIG``, else ``./zml.toml``, plus any
 fleet-source plugins): a policy with an unknown family or a bad field is refused with zml's
 ``PolicyConfigError`` message, and nothing is written. So are a number that is not finite
 (``inf``, ``nan``: JSON cannot hold it) and ``--unset`` of a field ``zml.Policy`` does not have.
+Only ``add`` and ``init`` create the database file: the other commands refuse a path where no
+file exists (a mistyped ``--db``) with one line naming it, and create nothing.
 Exit status: 0 done, 1 refused or failed, 2 bad command line.
 
 Examples::
 
+    zml-policy-sqlite init --db policies.db          # an empty database (optional)
     zml-policy-sqlite add llama3-production --db policies.db --config zml.toml \\
         --chain H100,MI300X --latency-target-ms 500 --cost-priority balanced
     zml-policy-sqlite update llama3-production --db policies.db --cost-priority cost
@@ -41,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--db",
         default=os.environ.get(ENV_DB) or None,
-        help=f"the SQLite database (default: ${ENV_DB})",
+        help=f"the SQLite database (default: ${ENV_DB}); only add and init create it",
     )
     fields = argparse.ArgumentParser(add_help=False)
     fields.add_argument("--config", help="zml.toml to validate against (default: discovered)")
@@ -53,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
         f"{ENV_DB} set see changes on their next request.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser(
+        "init", parents=[common],
+        help="create an empty database (add creates it too); nothing to do if it exists",
+    )
     add = sub.add_parser("add", parents=[common, fields], help="add a new policy")
     add.add_argument("name")
     update = sub.add_parser(
@@ -132,11 +139,29 @@ def _describe(name: str, fields: dict[str, Any]) -> str:
     return f"{name}\t{chain}\t{rest}".rstrip()
 
 
-def _add(store: PolicyStore, args: argparse.Namespace) -> int:
+def _created(store: PolicyStore) -> str:
+    return " (a new database: the file did not exist)" if store.created else ""
+
+
+def _init(args: argparse.Namespace) -> int:
+    with PolicyStore(args.db) as store:
+        if store.created:
+            print(f"created the policy database {args.db}")
+        else:
+            good, bad = store.scan()
+            count = len(good) + len(bad)
+            print(f"the policy database {args.db} exists already "
+                  f"({count} {'policy' if count == 1 else 'policies'}); nothing to do")
+    return 0
+
+
+def _add(args: argparse.Namespace) -> int:
     given = policy_fields(args)
     _check_finite(given)
-    store.add(args.name, validate(args.name, given, args.config))
-    print(f"added policy {args.name!r} to {args.db}")
+    fields = validate(args.name, given, args.config)  # before the file is opened, or created
+    with PolicyStore(args.db) as store:
+        store.add(args.name, fields)
+        print(f"added policy {args.name!r} to {args.db}{_created(store)}")
     return 0
 
 
@@ -182,7 +207,10 @@ def _rm(store: PolicyStore, args: argparse.Namespace) -> int:
     return 0
 
 
-_COMMANDS = {"add": _add, "update": _update, "list": _list, "show": _show, "rm": _rm}
+_CREATING = {"init": _init, "add": _add}
+"""The commands that create the database file when it is missing (they open it themselves)."""
+_COMMANDS = {"update": _update, "list": _list, "show": _show, "rm": _rm}
+"""The commands that need an existing file (a missing one is refused: nothing is created)."""
 
 
 def _error(message: object) -> None:
@@ -196,7 +224,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     if not args.db:
         parser.error(f"pass --db PATH or set {ENV_DB}")
     try:
-        with PolicyStore(args.db) as store:
+        creating = _CREATING.get(args.command)
+        if creating is not None:
+            return creating(args)
+        with PolicyStore(args.db, create=False) as store:
             return _COMMANDS[args.command](store, args)
     except (zml.PolicyConfigError, ValueError) as exc:
         _error(exc)

@@ -2,7 +2,10 @@
 
 When ``ZML_POLICY_SQLITE_DB`` names a database file, every zml client registers it as a
 policy source (before the ``zml.toml`` tables, which the built-in source holds); without the
-variable, the plugin registers nothing. The variable is read when a client is built.
+variable, the plugin registers nothing. The variable is read when a client is built. The file
+is not created: while it does not exist, the client's named lookups fail with
+``zml.PolicyConfigError`` naming the variable and the path (a mistyped path is reported, not
+turned into an empty database), and the lookup after it is created reads it.
 
 Clients that use the same file share one source (one connection and one snapshot per file):
 it only reads, so what one client sees never depends on another, and a client built while
@@ -42,7 +45,7 @@ def source_for(path: str) -> SQLitePolicySource:
         if source is None:
             from .source import SQLitePolicySource  # sqlite3 only once a database is named
 
-            source = _sources[key] = SQLitePolicySource(key)
+            source = _sources[key] = SQLitePolicySource(key, origin=ENV_DB)
         return source
 
 

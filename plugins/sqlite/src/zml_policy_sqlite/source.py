@@ -16,7 +16,14 @@ logger, and tries the file again at most every ``retry_interval_s`` (1 s): the p
 serves are stale by at most the outage plus that interval. A file deleted after it was read
 is such an outage too (it is not created again, empty): the last snapshot is served until a
 file is back at the path. Only a source that has never read the file fails, with
-:class:`zml.PolicyConfigError`; a source that has never read it creates it when it is missing.
+:class:`zml.PolicyConfigError`.
+
+The source never creates the file (only ``zml-policy-sqlite add`` and ``init`` do): a mistyped
+path must not become an empty database that answers every name with "unknown policy". A source
+whose file does not exist yet is one that has never read it: ``version()`` is 0 and named
+lookups fail with a :class:`zml.PolicyConfigError` naming the missing path and how to create
+it. Each lookup then costs one ``stat`` (no back-off), so the lookup after the file appears
+(created by ``add`` in another process) reads it.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from typing import Any
 
 import zml
 
-from .store import TABLE, connect, decode, repair_hint
+from .store import TABLE, connect, create_hint, decode, repair_hint
 
 __all__ = ["SQLitePolicySource"]
 
@@ -45,6 +52,10 @@ _FileId = tuple[int, int]
 
 class _FileGone(OSError):
     """The database file was deleted (or is being replaced) after it was read."""
+
+
+class _FileMissing(OSError):
+    """The database file does not exist, and the source has never read it."""
 
 
 def _file_id(path: str) -> _FileId | None:
@@ -81,10 +92,11 @@ def _seconds(name: str, value: object) -> float:
 class SQLitePolicySource:
     """A :class:`zml.plugins.PolicySource` (with ``version()``) over one database file.
 
-    The connection is opened on first use (creating the file and its table if missing, so a
-    client may start before the first policy is added) and shared by the threads that use the
-    source; it is reopened when the path names another file. See the module docstring for
-    what happens while the file is locked or missing.
+    The connection is opened on first use and shared by the threads that use the source; it is
+    reopened when the path names another file. The file is never created: while it does not
+    exist, a client can be built (``version()`` is 0) but its named lookups fail with
+    :class:`zml.PolicyConfigError` naming the path, and the lookup after the file appears reads
+    it. See the module docstring for what happens while the file is locked or deleted.
 
     Args:
         path: the database file.
@@ -92,6 +104,9 @@ class SQLitePolicySource:
         busy_timeout_s: how long one read waits for another connection's lock.
         retry_interval_s: after a failed read, how long lookups use the last snapshot before
             the file is tried again.
+        origin: what named ``path``, for the error about a missing file (the plugin passes
+            ``"ZML_POLICY_SQLITE_DB"``: "ZML_POLICY_SQLITE_DB names /abs/path, which does not
+            exist: ..., or fix the variable").
     """
 
     def __init__(
@@ -101,6 +116,7 @@ class SQLitePolicySource:
         *,
         busy_timeout_s: float = 0.05,
         retry_interval_s: float = 1.0,
+        origin: str | None = None,
     ) -> None:
         if not isinstance(path, str | os.PathLike):
             raise zml.PolicyConfigError(
@@ -112,11 +128,19 @@ class SQLitePolicySource:
         self.poll_interval_s = _seconds("poll_interval_s", poll_interval_s)
         self.busy_timeout_s = _seconds("busy_timeout_s", busy_timeout_s)
         self.retry_interval_s = _seconds("retry_interval_s", retry_interval_s)
+        if origin is not None and not isinstance(origin, str):
+            raise zml.PolicyConfigError(
+                f"SQLitePolicySource: origin must be a str (what named the path, such as an "
+                f"environment variable) or None, got {type(origin).__name__}",
+                field="origin",
+            )
+        self.origin = origin
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._file: _FileId | None = None  # the file the connection has open
         self._snapshot: _Snapshot | None = None
         self._error: str | None = None  # the current outage's cause (None: the last read worked)
+        self._missing = False  # the file did not exist at the last try (and was never read)
         self._next_poll = 0.0
         self._next_retry = 0.0
 
@@ -147,9 +171,12 @@ class SQLitePolicySource:
             except (sqlite3.Error, OSError) as exc:
                 self._failed(exc, now)
             else:
-                if self._error is not None:
+                if self._missing:
+                    log.info("policy source %r: the database file exists now", self.name)
+                elif self._error is not None:
                     log.info("policy source %r: the database is readable again", self.name)
-                    self._error = None
+                self._error = None
+                self._missing = False
             return self._snapshot
         finally:
             self._lock.release()
@@ -172,19 +199,22 @@ class SQLitePolicySource:
         """A connection to the file ``path`` names now, and whether it was (re)opened.
 
         A connection keeps reading the file it opened, so after ``os.replace`` (a restore, a
-        regenerated file) it is closed and the new file opened. Once the table was read, a
-        missing file is an outage (``_FileGone``): it is not created again, empty.
+        regenerated file) it is closed and the new file opened. A missing file is never
+        created: once the table was read it is an outage (``_FileGone``), before that a file
+        that does not exist yet (``_FileMissing``).
         """
         found = _file_id(self.path)
-        if found is None and self._snapshot is not None:
-            raise _FileGone(f"the file {self.path} no longer exists (deleted, or being "
-                            "replaced)")
+        if found is None:
+            if self._snapshot is not None:
+                raise _FileGone(f"the file {self.path} no longer exists (deleted, or being "
+                                "replaced)")
+            raise _FileMissing(f"the file {self.path} does not exist")
         if self._conn is not None and found == self._file:
             return self._conn, False
         self._close()
-        # stat before connect: a file swapped in between is seen, and reopened, next time
-        self._conn = connect(self.path, timeout=self.busy_timeout_s,
-                             create=self._snapshot is None)
+        # stat before connect: a file swapped in between is seen, and reopened, next time;
+        # one deleted in between fails to open ("unable to open database file"), not created
+        self._conn = connect(self.path, timeout=self.busy_timeout_s, create=False)
         self._file = found
         return self._conn, True
 
@@ -196,9 +226,13 @@ class SQLitePolicySource:
     def _failed(self, exc: sqlite3.Error | OSError, now: float) -> None:
         """Record a failed read (lock held): back off, warn once per outage, reconnect later."""
         self._close()  # a fresh connection on retry, whatever went wrong
-        self._next_retry = now + self.retry_interval_s
+        # A file that does not exist yet is looked for again by the next lookup (one stat):
+        # there is no lock to wait for, and the lookup after `add` created it must read it.
+        self._missing = isinstance(exc, _FileMissing)
+        self._next_retry = now if self._missing else now + self.retry_interval_s
         first = self._error is None
-        self._error = str(exc) if isinstance(exc, _FileGone) else f"{type(exc).__name__}: {exc}"
+        self._error = (str(exc) if isinstance(exc, _FileGone | _FileMissing)
+                       else f"{type(exc).__name__}: {exc}")
         if first and self._snapshot is not None:
             log.warning(
                 "policy source %r cannot read the database (%s); serving the %d policies "
@@ -208,6 +242,8 @@ class SQLitePolicySource:
 
     def _current(self, what: str) -> _Snapshot:
         snapshot = self._refresh()
+        if snapshot is None and self._missing:
+            raise self._missing_error(what)
         if snapshot is None:
             raise zml.PolicyConfigError(
                 f"policy source {self.name!r} cannot {what}: it has not been able to read "
@@ -218,6 +254,21 @@ class SQLitePolicySource:
                 source=self.name,
             )
         return snapshot
+
+    def _missing_error(self, what: str) -> zml.PolicyConfigError:
+        where = os.path.abspath(self.path)
+        if self.origin:
+            named, fix = f"{self.origin} names {where}, which does not exist", "fix the variable"
+        else:
+            named, fix = f"the database file {where} does not exist", "fix the path"
+        return zml.PolicyConfigError(
+            f"policy source {self.name!r} cannot {what}: {named}: {create_hint(where)}, or "
+            f"{fix} (the client reads the file once it exists, without a restart; it never "
+            "creates it)",
+            field="policy",
+            value=where,
+            source=self.name,
+        )
 
     # --- PolicySource ----------------------------------------------------------------------
 

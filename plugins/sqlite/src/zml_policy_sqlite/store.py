@@ -1,6 +1,6 @@
 """The database: one table of policies, each a JSON object of ``zml.Policy`` fields.
 
-Schema (created on first use)::
+Schema (created by every connection when missing; only ``add`` and ``init`` create the file)::
 
     CREATE TABLE zml_policies (
         name       TEXT PRIMARY KEY,   -- the policy's name
@@ -57,7 +57,8 @@ def connect(
 
     ``timeout`` is how long a statement waits for another connection's lock before it fails
     with ``sqlite3.OperationalError`` ("database is locked"). With ``create=False`` a missing
-    file is not created (``sqlite3.OperationalError``, "unable to open database file").
+    file is not created (``sqlite3.OperationalError``, "unable to open database file"): a
+    mistyped path must not leave an empty database behind.
     """
     target = os.fspath(path)
     if not create:
@@ -71,6 +72,13 @@ def connect(
         conn.close()
         raise
     return conn
+
+
+def create_hint(path: str) -> str:
+    """How to create the database at ``path``: the commands that do (nothing else creates it)."""
+    add = shlex.join(["zml-policy-sqlite", "add", "NAME", "--db", path])
+    init = shlex.join(["zml-policy-sqlite", "init", "--db", path])
+    return f"create it with '{add} ...' (or '{init}' for an empty one)"
 
 
 def decode(name: str, text: object) -> dict[str, Any]:
@@ -95,13 +103,27 @@ def repair_hint(name: str, path: str) -> str:
     return f"remove it with '{rm}' and add it again with 'zml-policy-sqlite add'"
 
 
-def open_error(path: str, exc: sqlite3.Error) -> StoreError:
-    """The StoreError for a database file that cannot be opened or read, with what to do."""
+def open_error(path: str, exc: sqlite3.Error | None, *, create: bool = True) -> StoreError:
+    """The StoreError for a database file that cannot be opened or read, with what to do.
+
+    With ``create=False`` (a command that only reads or changes existing policies) a missing
+    file is named as such, with the commands that create it; ``exc`` is None when the file was
+    found missing before SQLite was asked.
+    """
     where = Path(path)
     if where.is_dir():
-        why = "it is a directory; pass the path of a database file (created if missing)"
+        why = "it is a directory; pass the path of a database file"
     elif not where.parent.is_dir():
-        why = f"the directory {str(where.parent)!r} does not exist; create it first"
+        why = f"the directory {str(where.parent)!r} does not exist; "
+        why += ("create it first" if create else
+                "nothing was created: fix --db (or $" + ENV_DB + "), or create the directory "
+                f"and then the database ({create_hint(path)})")
+    elif not create and not where.exists():
+        return StoreError(
+            f"the policy database {path!r} does not exist (nothing was created); "
+            f"{create_hint(path)}, or fix --db (or ${ENV_DB})",
+            field="db", value=path, source=path,
+        )
     else:
         why = f"{exc}; check that it is a SQLite database this user may read and write"
     return StoreError(f"cannot open the policy database {path!r}: {why}",
@@ -112,15 +134,24 @@ class PolicyStore:
     """Policies in one SQLite file: read and write (the command line's side).
 
     Args:
-        path: the database file (created, with its table, if missing).
+        path: the database file.
+        create: create the file, with its table, if it is missing (the default). With
+            ``create=False`` a missing file is a :class:`StoreError` naming it, and nothing is
+            created: what the commands that only read or change existing policies use.
+
+    ``created`` tells whether this store created the file.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         self.path = os.fspath(path)
+        existed = os.path.exists(self.path)
+        if not create and not existed:
+            raise open_error(self.path, None, create=False)
         try:
-            self._conn = connect(self.path)
+            self._conn = connect(self.path, create=create)
         except sqlite3.Error as exc:
-            raise open_error(self.path, exc) from None
+            raise open_error(self.path, exc, create=create) from None
+        self.created = not existed
 
     def close(self) -> None:
         """Close the connection."""
