@@ -115,29 +115,32 @@ def _call_registration(impl: Any, registry: Registry) -> list[PolicySource]:
     return sources
 
 
+def _source_failed(source: object, what: str, exc: Exception, value: object = None,
+                  kind: type[PolicyConfigError] = PolicyConfigError) -> PolicyConfigError:
+    """The error for a source whose method raised while doing ``what`` (its message passed
+    through :func:`~zml.errors.safe_detail`: it may quote the store's URL)."""
+    return kind(
+        f"policy source {source_name(source)!r} {what}: {type(exc).__name__}: "
+        f"{safe_detail(str(exc), 300)}",
+        field="policy",
+        value=value,
+        source=source_name(source),
+    )
+
+
 def _listed(source: PolicySource) -> list[str]:
     """``source.list()``, its failure a PolicyConfigError naming the source."""
     try:
         return list(source.list())
     except Exception as exc:
-        raise PolicyConfigError(
-            f"policy source {source_name(source)!r} failed to list its policies: "
-            f"{type(exc).__name__}: {safe_detail(str(exc), 300)}",
-            field="policy",
-            source=source_name(source),
-        ) from exc
+        raise _source_failed(source, "failed to list its policies", exc) from exc
 
 
 def _version(source: PolicySource) -> Hashable:
     try:
         token: Hashable = source.version()  # type: ignore[attr-defined]
     except Exception as exc:
-        raise SourceFailure(
-            f"policy source {source_name(source)!r} is unavailable: {type(exc).__name__}: "
-            f"{safe_detail(str(exc), 300)}",
-            field="policy",
-            source=source_name(source),
-        ) from exc
+        raise _source_failed(source, "is unavailable", exc, kind=SourceFailure) from exc
     return token
 
 
@@ -268,13 +271,8 @@ class SourcePolicies(Mapping[str, Policy]):
             except PolicyConfigError:
                 raise
             except Exception as exc:
-                raise PolicyConfigError(
-                    f"policy source {source_name(source)!r} failed to read policy {name!r}: "
-                    f"{type(exc).__name__}: {safe_detail(str(exc), 300)}",
-                    field="policy",
-                    value=name,
-                    source=source_name(source),
-                ) from exc
+                raise _source_failed(source, f"failed to read policy {name!r}", exc,
+                                    value=name) from exc
             if data is None:
                 continue
             return self._validate(source, name, data)
