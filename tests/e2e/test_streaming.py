@@ -228,3 +228,25 @@ def test_async_stream_is_an_async_iterator(setup: Any) -> None:
             await stream.aclose()  # harmless once ended
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("second", ["anext", "aenter"])
+def test_a_stream_opened_by_two_tasks_at_once_is_sent_once(setup: Any, second: str) -> None:
+    """One call, one dispatch: a second task starting the same fresh stream is refused (as a
+    second reader of any async iterator), and nothing is left held."""
+    async def main() -> None:
+        async with zml.AsyncClient(config=setup.path, probe_interval_s=None) as client:
+            stream = client.infer_stream(MODEL, MSGS, policy="prod", seed=5)
+            other = anext(stream) if second == "anext" else stream.__aenter__()
+            first, refused = await asyncio.gather(anext(stream), other,
+                                                  return_exceptions=True)
+            assert isinstance(first, zml.ChatCompletionChunk), first
+            assert isinstance(refused, zml.InvalidRequestError), refused
+            assert "being opened by another task" in str(refused)
+            assert client.fleet.in_flight == 1  # the one request sent
+            rest = [c async for c in stream]
+            assert rest and client.fleet.in_flight == 0
+            await stream.aclose()
+            assert client.fleet.in_flight == 0
+
+    asyncio.run(main())

@@ -196,3 +196,22 @@ def test_a_collected_closer_never_takes_the_lock(options: Any, closed: list[Asyn
     worker.join(timeout=30)  # a guard against a deadlock, not a speed check
     assert collected.is_set()
     assert closed == []  # nothing to await on a closed loop: dropped, not closed
+
+
+def test_the_clients_of_one_adapter_share_one_fleet(options: Any) -> None:
+    """Sync code and every event loop count the same slots: a node's capacity is never
+    counted once per client of one integration object (and the zml.toml is read once)."""
+    clients = zml.LoopClients()
+    sync = clients.sync(options)
+
+    async def in_a_loop() -> AsyncClient:
+        return clients.for_running_loop(options)
+
+    first = asyncio.run(in_a_loop())
+    second = asyncio.run(in_a_loop())
+    assert first is not second  # one client per event loop, as before
+    assert sync.fleet is first.fleet is second.fleet
+    assert second.registry is sync.registry
+    clients.close()
+    assert clients.sync(options).fleet is sync.fleet  # a new sync client: the same fleet
+    clients.close()

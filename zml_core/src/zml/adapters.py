@@ -15,8 +15,10 @@ every event loop needs its own. :class:`LoopClients` does both, once, for every 
 - thread-safe: a lock guards every build, so concurrent first calls build one client;
 - copies (``copy.deepcopy``, pickling) start empty: clients hold sockets, never copied.
 
-Routing state is not per client object here: clients built from the same options share what
-the options share (a ``Registry`` object, for instance); see :class:`~zml.Client`.
+The clients of one ``LoopClients`` share one fleet (built with ``fleet=`` the first client's):
+one integration object is one set of capacity accounting, however it is called (sync, async,
+in several event loops), so a node's slots are never counted twice. The configuration is read
+once, by the first client.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .client import AsyncClient, Client
+    from .fleet import Fleet
 
 __all__ = ["LoopClients"]
 
@@ -57,6 +60,20 @@ class LoopClients:
         self._lock = threading.Lock()
         self._sync: Client | None = None
         self._loops: dict[asyncio.AbstractEventLoop, tuple[AsyncClient, asyncio.Task[None]]] = {}
+        self._fleet: Fleet | None = None
+
+    def _options(self, options: ClientOptions) -> dict[str, Any]:
+        """``options()``, with the shared fleet once a first client made it (call with the
+        lock held): a ``fleet=`` brings its registry, so ``config=`` goes."""
+        kwargs = dict(options())
+        if self._fleet is not None and kwargs.get("fleet") is None:
+            kwargs.pop("config", None)
+            kwargs["fleet"] = self._fleet
+        return kwargs
+
+    def _share(self, client: Client | AsyncClient) -> None:
+        if self._fleet is None:
+            self._fleet = client.fleet
 
     def sync(self, options: ClientOptions) -> Client:
         """The sync client, built from ``options()`` on first use."""
@@ -67,7 +84,8 @@ class LoopClients:
                 if client is None:
                     from .client import Client
 
-                    client = self._sync = Client(**options())
+                    client = self._sync = Client(**self._options(options))
+                    self._share(client)
         return client
 
     def for_running_loop(self, options: ClientOptions) -> AsyncClient:
@@ -88,7 +106,8 @@ class LoopClients:
                 del self._loops[gone]
             from .client import AsyncClient
 
-            client = AsyncClient(**options())
+            client = AsyncClient(**self._options(options))
+            self._share(client)
             closer = loop.create_task(self._close_at_shutdown(loop, client))
             self._loops[loop] = (client, closer)
         return client

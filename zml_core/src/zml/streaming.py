@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import httpx2
 
 from .dispatch import Call, CallStopped, ResponseSummary, Wait
-from .errors import ClientConfigError, NodeError
+from .errors import ClientConfigError, InvalidRequestError, NodeError
 from .stream_open import StreamAttempt, StreamExpired, Target, open_async, open_sync, read_next
 from .types import ChatCompletionChunk, RoutingInfo, Usage
 from .watchdog import LoopWatchdog, Watchdog, shutdown_socket
@@ -57,7 +57,7 @@ DRAIN_S = 0.1
 """After ``[DONE]``, how long a stream waits for the end of the HTTP response (so its
 connection can be reused) before it closes the connection instead."""
 
-_NEW, _OPEN, _ENDED = 0, 1, 2
+_NEW, _OPEN, _ENDED, _OPENING = 0, 1, 2, 3
 
 
 class _Base:
@@ -331,6 +331,14 @@ class AsyncStream(_Base):
                 shutdown_socket(op.response)
 
     async def _open(self) -> None:
+        if self._phase == _OPENING:
+            # One call, one dispatch: a second opener would send the request again (and leave
+            # the first attempt's slot held).
+            raise InvalidRequestError(
+                "this stream is being opened by another task: read a stream from one task at "
+                "a time (as any async iterator), or make one infer_stream() per reader",
+                param="stream")
+        self._phase = _OPENING
         if self._on_start is not None:
             self._on_start()
         try:
@@ -422,7 +430,7 @@ class AsyncStream(_Base):
             await self._close()
 
     async def __aenter__(self) -> AsyncStream:
-        if self._phase == _NEW:
+        if self._phase in (_NEW, _OPENING):
             await self._open()
         return self
 
