@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -457,6 +458,54 @@ def test_ready_reads_a_nodes_health_as_the_prober_does(tmp_path: Path, status: i
         node.server_close()
     assert ready.status_code == (200 if up else 503)
     assert ready.json()["nodes"][0]["up"] is up
+
+
+def test_ready_is_bounded_by_a_node_that_trickles_its_health(tmp_path: Path) -> None:
+    """httpx2's timeout bounds each read: a /health body sent a byte every 0.3 s would hold
+    /ready for hours. It is bounded in all: that node is down, the healthy one makes it ready."""
+    from zml.gateway import create_app
+
+    class Trickle(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-length", "100000")
+            self.end_headers()
+            try:
+                for _ in range(100):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.3)
+            except OSError:
+                pass
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    class Ok(Trickle):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+    nodes = [ThreadingHTTPServer(("127.0.0.1", 0), handler) for handler in (Trickle, Ok)]
+    for node in nodes:
+        node.daemon_threads = True
+        threading.Thread(target=node.serve_forever, daemon=True).start()
+    config = tmp_path / "zml.toml"
+    config.write_text("[accelerators.H100]\n" + "".join(
+        f'[[nodes]]\nid = "n{i}"\nfamily = "H100"\nurl = "http://127.0.0.1:{node.server_port}"'
+        f'\nmodels = ["{MODEL}"]\nmax_concurrency = 1\n' for i, node in enumerate(nodes)))
+    server = _Thread(create_app(config, environ={}, probe_interval_s=None)).start()
+    try:
+        ready = httpx2.get(f"http://127.0.0.1:{server.port}/ready", timeout=20)
+    finally:
+        server.stop()
+        for node in nodes:
+            node.shutdown()
+            node.server_close()
+    assert ready.status_code == 200
+    assert {n["id"]: n["up"] for n in ready.json()["nodes"]} == {"n0": False, "n1": True}
 
 
 def test_unknown_paths_and_methods_get_openai_shaped_errors(gw: GatewayServer) -> None:

@@ -58,9 +58,25 @@ def shutdown_socket(response: Any) -> None:
     extensions = getattr(response, "extensions", None)
     stream = None if extensions is None else extensions.get("network_stream")
     sock = None if stream is None else stream.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+    if sock is None:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    except TypeError:
+        # uvloop's transport sockets refuse shutdown(): shut the same socket down through a
+        # duplicate of its descriptor (shutdown acts on the connection, not the descriptor).
+        _shutdown_by_descriptor(sock)
+
+
+def _shutdown_by_descriptor(sock: Any) -> None:
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        fd = sock.fileno()
+        if fd < 0:
+            return
+        with socket.fromfd(fd, sock.family, sock.type) as dup:
+            dup.shutdown(socket.SHUT_RDWR)
 
 
 class Watch:

@@ -93,14 +93,16 @@ class Gateway:
         return ready, nodes
 
     async def _up(self, url: str) -> bool:
+        """Whether the node's ``/health`` answers "up" within :data:`READY_TIMEOUT_S` in all
+        (httpx2's timeout bounds each read, not a body trickled a byte at a time)."""
         http = self.http
         if http is None:
             return False
         try:
-            r = await http.get(f"{url}/health", timeout=READY_TIMEOUT_S)
-        except httpx2.HTTPError:
+            status = await asyncio.wait_for(_health_status(http, url), READY_TIMEOUT_S)
+        except (httpx2.HTTPError, asyncio.TimeoutError):
             return False
-        return health_says_up(r.status_code)  # as zml's own prober reads it
+        return health_says_up(status)  # as zml's own prober reads it
 
     def authorized(self, request: Request) -> bool:
         """Whether a non-chat ``/v1`` request may proceed."""
@@ -111,6 +113,21 @@ class Gateway:
             return False
         return self.keys.authenticate(given[0].encode("latin-1") if given else None) \
             is not None
+
+
+_HEALTH_BODY_MAX = 64 * 1024
+"""The most of a ``/health`` body read (so its connection can be reused); a longer one is not
+a health answer, and its connection is dropped."""
+
+
+async def _health_status(http: httpx2.AsyncClient, url: str) -> int:
+    async with http.stream("GET", f"{url}/health", timeout=READY_TIMEOUT_S) as response:
+        read = 0
+        async for part in response.aiter_raw():
+            read += len(part)
+            if read > _HEALTH_BODY_MAX:
+                break
+        return response.status_code
 
 
 def _registry(config: str | os.PathLike[str] | Registry | None) -> Registry:
