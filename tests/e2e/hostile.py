@@ -32,6 +32,8 @@ Behaviours (``NAME`` or ``NAME=ARG``):
 ``redirect-sse=CODE``     the same, with an event-stream body that would pass for an answer
 ``stall``                 read the request, then send nothing, ever
 ``stall-body``            send the headers of a JSON answer, then nothing
+``done-then-hold``        a whole SSE answer and ``[DONE]``, then the response is never ended
+``drip-head``             the response's headers one byte every ARG s (default 0.2), never ended
 """
 
 from __future__ import annotations
@@ -294,6 +296,20 @@ async def _stall_body(conn: _Conn, req: Request, arg: str) -> None:
     await asyncio.Event().wait()
 
 
+async def _done_then_hold(conn: _Conn, req: Request, arg: str) -> None:
+    await conn.sse_head()
+    await conn.event(req, chunk("hi", "stop"))
+    await conn.event(req, "[DONE]")
+    await asyncio.Event().wait()
+
+
+async def _drip_head(conn: _Conn, req: Request, arg: str) -> None:
+    for byte in b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-pad: " + b"a" * 10_000:
+        conn.writer.write(bytes([byte]))
+        await conn.writer.drain()
+        await asyncio.sleep(float(arg or 0.2))
+
+
 BEHAVIOURS: dict[str, Handler] = {
     "ok": _ok,
     "keepalive": _keepalive,
@@ -313,6 +329,8 @@ BEHAVIOURS: dict[str, Handler] = {
     "redirect": _redirect,
     "stall": _stall,
     "stall-body": _stall_body,
+    "done-then-hold": _done_then_hold,
+    "drip-head": _drip_head,
 }
 
 

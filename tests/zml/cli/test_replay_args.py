@@ -20,24 +20,7 @@ from zml.errors import InvalidRequestError
 from zml.sim.report import plot
 from zml.sim.traces import TraceError, read_trace
 
-FIXTURES = Path(__file__).parents[2] / "fixtures" / "traces"
-AZURE = str(FIXTURES / "azure-conv-300.csv")
-CONFIG = """
-[accelerators.A100]
-cost_per_hour = 1.8
-
-[[nodes]]
-id = "a100-1"
-family = "A100"
-url = "http://10.0.0.1:8000"
-models = ["m"]
-max_concurrency = 8
-max_queue = 8
-
-[policies.cheap]
-accelerator_chain = ["A100"]
-latency_target_ms = 800
-"""
+from .test_replay_cli import AZURE, CONFIG
 
 STUB_PYPLOT = """
 import os

@@ -197,7 +197,9 @@ def check_url(url: str, name: str = ENV_URL) -> str:
 
 
 LEDGER_ON = ("1", "true", "yes", "on")
+"""The spellings of ``ZML_REDIS_LEDGER`` that share slots and health (any letter case)."""
 LEDGER_OFF = ("0", "false", "no", "off")
+"""The spellings that share policies only."""
 
 
 def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
