@@ -15,8 +15,9 @@ Everything is a ratio measured in one run on one machine, so a busy machine shif
   (budget: median <= 10 us and <= 100 us);
 * a fresh process doing import + client + one request to a local node, zml vs bare httpx2
   (interpreter start subtracted, bytecode cached as after an install; budget <= 1.5x), and for
-  scale bare httpx2 plus one pydantic response model (the floor of a pydantic-typed client)
-  and the openai SDK;
+  scale bare httpx2 plus one pydantic response model (the floor of a pydantic-typed client),
+  that floor in its steps (importing pydantic, defining the models, validating), and the
+  openai SDK;
 * memory per in-flight stream with 1,000 concurrent streams (budget <= 8 KB of zml's own),
   as Python allocations (tracemalloc) per open stream, for zml and for bare httpx2 holding the
   same streams: the difference is what zml itself adds per stream.
@@ -381,6 +382,10 @@ def bench_first_request(runs: int = 21) -> dict[str, float]:
         statements = {
             "base": "pass",
             "bare": plain("r.json()"),
+            # The floor in its three steps: importing pydantic's BaseModel, then defining the
+            # response models (validators deferred), then validating the answer.
+            "pydantic_import": "from pydantic import BaseModel\n" + plain("r.json()"),
+            "pydantic_classes": _PYDANTIC_FLOOR + plain("r.json()"),
             "pydantic": _PYDANTIC_FLOOR + plain("Completion.model_validate(r.json())"),
             "zml": (f"import zml\nwith zml.Client(config={str(config)!r}) as c:\n"
                     f"    c.infer({MODEL!r}, [{{'role': 'user', 'content': 'x'}}], "
@@ -409,7 +414,7 @@ def bench_first_request(runs: int = 21) -> dict[str, float]:
             timed(stmt)
         names = list(statements)
         times: dict[str, list[float]] = {name: [] for name in statements}
-        ratios: dict[str, list[float]] = {name: [] for name in ("zml", "pydantic", "openai")}
+        ratios: dict[str, list[float]] = {name: [] for name in names if name not in ("base", "bare")}
         for i in range(runs):
             took = {}
             k = i % len(names)
@@ -526,7 +531,11 @@ def main(argv: list[str] | None = None) -> int:
               f"zml {first['zml_ms']:.0f} ms, bare httpx2 {first['bare_ms']:.0f} ms\n"
               f"  bare httpx2 + a pydantic response model {first['pydantic_ms']:.0f} ms "
               f"({first['pydantic']:.2f}x bare: the floor of a pydantic-typed client), "
-              f"openai SDK {first['openai_ms']:.0f} ms ({first['openai']:.2f}x)")
+              f"openai SDK {first['openai_ms']:.0f} ms ({first['openai']:.2f}x)\n"
+              f"  the floor step by step: `from pydantic import BaseModel` "
+              f"{first['pydantic_import']:.2f}x, + four response models "
+              f"{first['pydantic_classes']:.2f}x, + validating the answer "
+              f"{first['pydantic']:.2f}x")
         lines.append(f"first request: {first['zml']:.2f}x")
     if args.only in (None, "memory"):
         mem = bench_memory(args.streams)
