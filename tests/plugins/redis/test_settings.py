@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
-from zml_redis.settings import Settings, SettingsError, redact
+from zml_redis import RedisLedger
+from zml_redis.settings import (
+    LEASE_TTL_MAX_S,
+    SYNC_MAX_S,
+    TIMEOUT_MAX_MS,
+    URL_TIMEOUT_MAX_S,
+    Settings,
+    SettingsError,
+    redact,
+)
 
 import zml
+
+from .conftest import RedisServer
 
 
 def test_defaults_and_overrides() -> None:
@@ -47,6 +60,113 @@ def test_numbers_that_are_not_finite_are_refused(name: str, raw: str) -> None:
     with pytest.raises(SettingsError, match=f"{name}=.* must be a finite number") as info:
         Settings.from_env({"ZML_REDIS_URL": "redis://h:1/0", name: raw})
     assert isinstance(info.value, zml.PolicyConfigError) and info.value.field == name
+
+
+RANGES = {  # variable: its accepted range as messages and docs show it, and its default
+    "ZML_REDIS_LEASE_TTL_S": ("from 0.2 to 3600 s", "10"),
+    "ZML_REDIS_TIMEOUT_MS": ("from 1 to 2000 ms", "100"),
+    "ZML_REDIS_SYNC_S": ("from 0.01 to 60 s", "0.5"),
+}
+
+
+@pytest.mark.parametrize(("name", "raw", "problem"), [
+    ("ZML_REDIS_TIMEOUT_MS", "1e12", "must be at most 2000 ms"),
+    ("ZML_REDIS_TIMEOUT_MS", "2000.5", "must be at most 2000 ms"),
+    ("ZML_REDIS_TIMEOUT_MS", "0.999", "must be at least 1 ms"),
+    ("ZML_REDIS_TIMEOUT_MS", "-5", "must be at least 1 ms"),
+    ("ZML_REDIS_LEASE_TTL_S", "1e15", "must be at most 3600 s"),
+    ("ZML_REDIS_LEASE_TTL_S", "3600.001", "must be at most 3600 s"),
+    ("ZML_REDIS_LEASE_TTL_S", "0.19", "must be at least 0.2 s"),
+    ("ZML_REDIS_SYNC_S", "1e9", "must be at most 60 s"),
+    ("ZML_REDIS_SYNC_S", "60.01", "must be at most 60 s"),
+    ("ZML_REDIS_SYNC_S", "0.009", "must be at least 0.01 s"),
+])
+def test_numbers_out_of_their_range_are_refused(name: str, raw: str, problem: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"ZML_REDIS_URL": "redis://h:1/0", name: raw})
+    message = str(info.value)
+    allowed, default = RANGES[name]
+    # The variable and the value, what is wrong, the range, and the fix:
+    assert message.startswith(f"{name}={raw!r} {problem}"), message
+    assert f"set it to a number {allowed}, or unset it for the default ({default})" in message
+    assert isinstance(info.value, zml.PolicyConfigError)
+    assert (info.value.field, info.value.value) == (name, raw)
+
+
+@pytest.mark.parametrize(("name", "raw", "attribute", "value"), [
+    ("ZML_REDIS_LEASE_TTL_S", "0.2", "lease_ttl_ms", 200),
+    ("ZML_REDIS_LEASE_TTL_S", "3600", "lease_ttl_ms", 3_600_000),
+    ("ZML_REDIS_TIMEOUT_MS", "1", "timeout_s", 0.001),
+    ("ZML_REDIS_TIMEOUT_MS", "2000", "timeout_s", 2.0),
+    ("ZML_REDIS_SYNC_S", "0.01", "sync_s", 0.01),
+    ("ZML_REDIS_SYNC_S", "60", "sync_s", 60.0),
+])
+def test_the_ends_of_each_range_are_accepted(
+    name: str, raw: str, attribute: str, value: float
+) -> None:
+    settings = Settings.from_env({"ZML_REDIS_URL": "redis://h:1/0", name: raw})
+    assert settings is not None and getattr(settings, attribute) == value
+
+
+def test_the_documented_ranges_are_the_enforced_ones() -> None:
+    import zml_redis.settings as module
+    from zml_redis.hub import BACKGROUND_TIMEOUT_S
+
+    # No request waits on Redis longer than the plugin's own background commands do.
+    assert TIMEOUT_MAX_MS / 1000 == BACKGROUND_TIMEOUT_S
+    readme = (Path(module.__file__).parents[2] / "README.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[3].strip()
+            for line in readme.splitlines() if line.startswith("| `ZML_REDIS_")}
+    doc = module.__doc__ or ""
+    for name, (allowed, _) in RANGES.items():
+        low, high = allowed.removeprefix("from ").split()[0::2]
+        assert rows[name] == f"{low} to {high}", rows
+        assert f"``{name}``" in doc and f" {low}-{high} " in doc, name
+    assert (LEASE_TTL_MAX_S, SYNC_MAX_S, URL_TIMEOUT_MAX_S) == (3600, 60, 60)
+
+
+@pytest.mark.parametrize("query", ["socket_timeout=1e12", "socket_timeout=60.5",
+                                   "socket_connect_timeout=1e15"])
+def test_a_url_timeout_beyond_a_minute_is_refused(query: str) -> None:
+    url = f"redis://:SECRETPW@127.0.0.1:6379/0?{query}"
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"ZML_REDIS_URL": url})
+    message = str(info.value)
+    assert message.startswith("ZML_REDIS_URL=") and "SEC" not in message, message
+    assert "above 0 and at most 60" in message and "leave it out" in message, message
+
+
+@pytest.mark.parametrize("query", ["socket_timeout=60", "socket_connect_timeout=60",
+                                   "socket_timeout=0.001"])
+def test_a_url_timeout_of_up_to_a_minute_is_accepted(query: str) -> None:
+    assert Settings.from_env({"ZML_REDIS_URL": f"redis://127.0.0.1:6379/0?{query}"})
+
+
+def test_the_longest_settings_work_against_a_real_redis(
+    sim_fleet: Callable[..., Any], redis_env: Settings, redis_server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each upper end is within what Redis (PEXPIRE of 3 TTLs, ZADD scores) and sockets take.
+    setup = sim_fleet([{"id": "a", "family": "H100", "max_concurrency": 1}])
+    monkeypatch.setenv("ZML_REDIS_URL", f"{redis_server.url}?socket_timeout=60")
+    monkeypatch.setenv("ZML_REDIS_LEASE_TTL_S", "3600")
+    monkeypatch.setenv("ZML_REDIS_TIMEOUT_MS", "2000")
+    monkeypatch.setenv("ZML_REDIS_SYNC_S", "60")
+    with zml.Client(config=setup.path) as client:
+        ledger = client.fleet.ledger
+        assert isinstance(ledger, RedisLedger) and ledger.hub.settings.lease_ttl_s == 3600
+        node = client.fleet.node("a")
+        assert ledger.acquire(node, "longest") and ledger.hub.connected
+        r = redis_server.client()
+        key = redis_env.lease_key("a")
+        assert 3 * 3_600_000 - 60_000 < r.pttl(key) <= 3 * 3_600_000
+        expiry = r.zscore(key, "longest")
+        assert expiry is not None and expiry - r.time()[0] * 1000 > 3_600_000 - 60_000
+        ledger.release(node, "longest")
+        deadline = time.monotonic() + 2.0
+        while r.zcard(key) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.zcard(key) == 0
 
 
 @pytest.mark.parametrize(("url", "problem"), [
@@ -124,6 +244,10 @@ def test_a_bad_environment_fails_the_client_build(
     ("ZML_REDIS_URL", "redis://:SECRETPW@127.0.0.1:6379/0?socket_timeout=abc"),
     ("ZML_REDIS_LEASE_TTL_S", "nan"),
     ("ZML_REDIS_TIMEOUT_MS", "inf"),
+    ("ZML_REDIS_TIMEOUT_MS", "1e12"),
+    ("ZML_REDIS_LEASE_TTL_S", "1e15"),
+    ("ZML_REDIS_SYNC_S", "1e9"),
+    ("ZML_REDIS_URL", "redis://:SECRETPW@127.0.0.1:6379/0?socket_timeout=1e12"),
 ])
 def test_a_malformed_value_fails_the_client_build_with_a_typed_error(
     sim_fleet: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, name: str, value: str,

@@ -1,30 +1,56 @@
 """Where Redis is and how the plugin uses it: read from the environment when a client is built.
 
-===========================  ==========  ================================================
-variable                     default     meaning
-===========================  ==========  ================================================
-``ZML_REDIS_URL``            (unset)     ``redis://[user:password@]host:port/db``; unset:
-                                         the plugin does nothing
-``ZML_REDIS_PREFIX``         ``zml``     prefix of every key and channel (one per fleet)
-``ZML_REDIS_LEASE_TTL_S``    ``10``      a slot lease expires this long after its last
-                                         renewal (held leases are renewed every TTL/3)
-``ZML_REDIS_TIMEOUT_MS``     ``100``     socket timeout of a lease acquisition; past it
-                                         the request goes on with local state
-``ZML_REDIS_SYNC_S``         ``0.5``     how often each process reads every node's global
-                                         lease count into its routing state (releases
-                                         are announced at once besides)
-``ZML_REDIS_LEDGER``         ``1``       ``0``/``false``/``no``/``off``: share policies
-                                         only, not slots and health
-                                         (``1``/``true``/``yes``/``on``: share all)
-===========================  ==========  ================================================
+===========================  ==========  ===========  ====================================
+variable                     default     range        meaning
+===========================  ==========  ===========  ====================================
+``ZML_REDIS_URL``            (unset)                  ``redis://[user:password@]host:port/db``;
+                                                      unset: the plugin does nothing
+``ZML_REDIS_PREFIX``         ``zml``                  prefix of every key and channel (one
+                                                      per fleet)
+``ZML_REDIS_LEASE_TTL_S``    ``10``      0.2-3600     a slot lease expires this long after
+                                                      its last renewal (held leases are
+                                                      renewed every TTL/3)
+``ZML_REDIS_TIMEOUT_MS``     ``100``     1-2000       socket timeout of a lease acquisition;
+                                                      past it the request goes on with
+                                                      local state
+``ZML_REDIS_SYNC_S``         ``0.5``     0.01-60      how often each process reads every
+                                                      node's global lease count into its
+                                                      routing state (releases are announced
+                                                      at once besides)
+``ZML_REDIS_LEDGER``         ``1``                    ``0``/``false``/``no``/``off``: share
+                                                      policies only, not slots and health
+                                                      (``1``/``true``/``yes``/``on``: share
+                                                      all)
+===========================  ==========  ===========  ====================================
+
+The ranges are inclusive; their upper ends keep every wait on Redis bounded:
+
+* ``ZML_REDIS_LEASE_TTL_S`` at most an hour (:data:`LEASE_TTL_MAX_S`): a process that dies
+  keeps its slots for up to one TTL, and held leases are renewed every TTL/3 anyway, so a long
+  request never needs a long TTL. (Far larger values break outright: at ``1e15`` Redis refuses
+  the acquire script's ``PEXPIRE`` of 3 TTLs, after the lease was written.)
+* ``ZML_REDIS_TIMEOUT_MS`` at most 2 s (:data:`TIMEOUT_MAX_MS`), the timeout of the plugin's
+  own background commands: a short timeout is what lets a request facing a Redis that hangs go
+  on with local accounting instead of waiting (three timeouts in a row mark Redis down).
+* ``ZML_REDIS_SYNC_S`` at most a minute (:data:`SYNC_MAX_S`): it bounds how long a process
+  routes on stale global loads, and how late it sees slots freed by leases that expired (a
+  crashed process's).
+* a URL's ``socket_timeout`` or ``socket_connect_timeout`` at most a minute
+  (:data:`URL_TIMEOUT_MAX_S`): it replaces the 2 s timeout of the listener, of the policy
+  store's reads and of ``zml policies``.
+
+The lower ends: a TTL under 0.2 s would need renewals more often than every 67 ms, a timeout
+under 1 ms leaves a loaded Redis no time to answer, and syncing more often than every 10 ms
+loads Redis for nothing.
 
 Every value is checked when a client is built: a URL redis-py could not use (a bad port, a
 ``#`` or ``/`` left unencoded in a password, an unknown or malformed query parameter, a
-timeout that is not a finite positive number), a number that is not finite or too small, or a
-``ZML_REDIS_LEDGER`` that is none of its on/off spellings (case does not matter; empty: the
-default) fails it with a :class:`SettingsError` (a ``zml.PolicyConfigError``) naming the
-variable. No message, log line or repr shows a password: :func:`redact` hides ``user:password@`` and the
-values of query parameters such as ``?password=`` (redis-py's form for ``unix://`` sockets).
+timeout that is not a number of seconds above 0 and up to 60), a number that is not finite or
+is out of its range, or a ``ZML_REDIS_LEDGER`` that is none of its on/off spellings (case does
+not matter; empty: the default) fails it with a :class:`SettingsError` (a
+``zml.PolicyConfigError``) naming the variable, the value, what is accepted and how to fix
+it. No message, log line or repr shows a password: :func:`redact` hides ``user:password@`` and
+the values of query parameters such as ``?password=`` (redis-py's form for ``unix://`` sockets).
 """
 
 from __future__ import annotations
@@ -49,6 +75,13 @@ __all__ = [
     "ENV_TIMEOUT",
     "ENV_TTL",
     "ENV_URL",
+    "LEASE_TTL_MAX_S",
+    "LEASE_TTL_MIN_S",
+    "SYNC_MAX_S",
+    "SYNC_MIN_S",
+    "TIMEOUT_MAX_MS",
+    "TIMEOUT_MIN_MS",
+    "URL_TIMEOUT_MAX_S",
     "Settings",
     "SettingsError",
     "check_url",
@@ -67,6 +100,23 @@ BUILD_TIMEOUT_S = 0.25
 :attr:`Settings.build_timeout_s`)."""
 BUILD_TIMEOUT_MAX_S = 1.0
 """Most timeout of that read, whatever ``ZML_REDIS_TIMEOUT_MS`` says."""
+
+LEASE_TTL_MIN_S = 0.2
+"""Least ``ZML_REDIS_LEASE_TTL_S`` (leases are renewed every TTL/3)."""
+LEASE_TTL_MAX_S = 3600.0
+"""Most ``ZML_REDIS_LEASE_TTL_S``: a crashed process's slots come back within an hour."""
+TIMEOUT_MIN_MS = 1.0
+"""Least ``ZML_REDIS_TIMEOUT_MS``."""
+TIMEOUT_MAX_MS = 2000.0
+"""Most ``ZML_REDIS_TIMEOUT_MS``: no request waits on Redis longer than the plugin's own
+background commands do (``hub.BACKGROUND_TIMEOUT_S``); a slower Redis is treated as down."""
+SYNC_MIN_S = 0.01
+"""Least ``ZML_REDIS_SYNC_S``."""
+SYNC_MAX_S = 60.0
+"""Most ``ZML_REDIS_SYNC_S``: global loads are read at least once a minute."""
+URL_TIMEOUT_MAX_S = 60.0
+"""Most timeout a URL may set (``?socket_timeout=``, ``?socket_connect_timeout=``), in
+seconds."""
 
 SECRET_WORDS = ("pass", "token", "secret")
 """A query parameter whose name holds one of these is a secret (``?password=``: redis-py's
@@ -190,9 +240,11 @@ def check_url(url: str, name: str = ENV_URL) -> str:
         raise error(f"is not usable by redis-py: {scrub(str(exc), url)}") from None
     for parameter in TIMEOUT_PARAMETERS:
         value = kwargs.get(parameter)
-        if value is not None and not (math.isfinite(value) and value > 0):
+        if value is not None and not (math.isfinite(value) and 0 < value <= URL_TIMEOUT_MAX_S):
             raise error(f"sets {parameter}={value}: it must be a finite number of seconds "
-                        "above 0")
+                        f"above 0 and at most {URL_TIMEOUT_MAX_S:g} (a longer one lets a "
+                        "Redis that hangs stall the plugin's commands): set it within that "
+                        "range or leave it out")
     return url
 
 
@@ -222,20 +274,53 @@ def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
     )
 
 
-def _number(environ: Mapping[str, str], name: str, default: float, minimum: float) -> float:
+@dataclass(frozen=True)
+class _Range:
+    """The accepted values of a numeric variable (inclusive), and why not more."""
+
+    default: float
+    minimum: float
+    maximum: float
+    unit: str
+    """``s`` or ``ms``."""
+    too_large: str
+    """What a value above :attr:`maximum` would do."""
+
+
+_TTL = _Range(10.0, LEASE_TTL_MIN_S, LEASE_TTL_MAX_S, "s",
+              "a crashed process's leases would hold its slots that long")
+_TIMEOUT = _Range(100.0, TIMEOUT_MIN_MS, TIMEOUT_MAX_MS, "ms",
+                  "a request would wait that long on a Redis that hangs instead of going on "
+                  "with local accounting")
+_SYNC = _Range(0.5, SYNC_MIN_S, SYNC_MAX_S, "s",
+               "routing would use global loads that old, and see slots freed by expired "
+               "leases that late")
+
+
+def _number(environ: Mapping[str, str], name: str, spec: _Range) -> float:
+    """A numeric variable: a finite number within ``spec``'s range, or empty for its default;
+    anything else is a :class:`SettingsError` naming the variable, the value, the range and
+    the fix."""
     raw = environ.get(name, "").strip()
     if not raw:
-        return default
+        return spec.default
+    allowed = f"from {spec.minimum:g} to {spec.maximum:g} {spec.unit}"
+    fix = f"set it to a number {allowed}, or unset it for the default ({spec.default:g})"
+
+    def error(problem: str) -> SettingsError:
+        return SettingsError(f"{name}={raw!r} {problem}: {fix}", field=name, value=raw)
+
     try:
         value = float(raw)
     except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a number", field=name, value=raw) from None
+        raise error("is not a number") from None
     if not math.isfinite(value):
-        raise SettingsError(f"{name}={raw!r} must be a finite number (at least {minimum})",
-                            field=name, value=raw)
-    if value < minimum:
-        raise SettingsError(f"{name}={raw!r} must be at least {minimum}", field=name,
-                            value=raw)
+        raise error("must be a finite number")
+    if value < spec.minimum:
+        raise error(f"must be at least {spec.minimum:g} {spec.unit}")
+    if value > spec.maximum:
+        raise error(f"must be at most {spec.maximum:g} {spec.unit} (above it, "
+                    f"{spec.too_large})")
     return value
 
 
@@ -292,8 +377,8 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings | None:
         """The settings in ``environ`` (default: ``os.environ``); None when ``ZML_REDIS_URL``
         is unset or empty. Raises :class:`SettingsError` for a malformed value (a URL redis-py
-        cannot use, a number that is not finite or too small, a ``ZML_REDIS_LEDGER`` that is
-        not one of ``1``/``true``/``yes``/``on``/``0``/``false``/``no``/``off``)."""
+        cannot use, a number that is not finite or out of its range (see the module's table), a
+        ``ZML_REDIS_LEDGER`` that is not one of ``1``/``true``/``yes``/``on``/``0``/``false``/``no``/``off``)."""
         env = os.environ if environ is None else environ
         url = env.get(ENV_URL, "").strip()
         if not url:
@@ -303,9 +388,9 @@ class Settings:
         return cls(
             url=url,
             prefix=prefix,
-            lease_ttl_s=_number(env, ENV_TTL, 10.0, 0.2),
-            timeout_s=_number(env, ENV_TIMEOUT, 100.0, 1.0) / 1000.0,
-            sync_s=_number(env, ENV_SYNC, 0.5, 0.01),
+            lease_ttl_s=_number(env, ENV_TTL, _TTL),
+            timeout_s=_number(env, ENV_TIMEOUT, _TIMEOUT) / 1000.0,
+            sync_s=_number(env, ENV_SYNC, _SYNC),
             ledger=_flag(env, ENV_LEDGER, True),
         )
 
