@@ -25,7 +25,8 @@ Behaviours (``NAME`` or ``NAME=ARG``):
 ``echo-key=CODE``         that status, the error quoting the request's key (``api-key`` header, else
                           the Bearer one), as some servers do
 ``echo-key-on=WHERE``     the key quoted without an error status: stream, first-event, body,
-                          body-cut, redirect
+                          body-cut, redirect; or in a successful answer's metadata (JSON or SSE):
+                          id, model, fingerprint (``system_fingerprint``)
 ``retry-after=VALUE``     429 with ``Retry-After: VALUE`` (``http-date``: a date 1 h ahead)
 ``retry-after-ms=VALUE``  429 with ``retry-after-ms: VALUE``
 ``redirect=CODE``         that 3xx status, Location with credentials in it
@@ -241,13 +242,30 @@ async def _echo_key(conn: _Conn, req: Request, arg: str) -> None:
         "param": f"key={key}", "code": "invalid_api_key"}})
 
 
+ANSWER_FIELDS = {"id": "id", "model": "model", "fingerprint": "system_fingerprint"}
+"""``echo-key-on=WHERE`` -> the answer's field that quotes the key (as ``FIELD-KEY-end``)."""
+
+
 async def _echo_key_on(conn: _Conn, req: Request, arg: str) -> None:
     """The request's key quoted where no error status is: ``stream`` (an error event after a
     token), ``first-event`` (an error event first), ``body`` (a 200 body that is not JSON),
     ``body-cut`` (the same, the key where zml cuts the body it quotes) or ``redirect`` (a
-    Location holding it)."""
+    Location holding it); or ``id``, ``model``, ``fingerprint``: a valid answer (a completion,
+    or a stream: then in every chunk) quoting it in that field (``system_fingerprint``)."""
     key = _sent_key(req)
-    if arg in ("stream", "first-event"):
+    if arg in ANSWER_FIELDS:
+        field = ANSWER_FIELDS[arg]
+        quoted = {field: f"{field}-{key}-end"}
+        if (req.json or {}).get("stream"):
+            await conn.sse_head()
+            await conn.event(req, {**chunk("hel"), **quoted})
+            await asyncio.sleep(0.05)  # the first chunk opens the stream; the others come later
+            for piece, finish in (("lo", None), (None, "stop")):
+                await conn.event(req, {**chunk(piece, finish), **quoted})
+            await conn.event(req, "[DONE]")
+        else:
+            await conn.json(req, 200, {**completion(), **quoted})
+    elif arg in ("stream", "first-event"):
         await conn.sse_head()
         if arg == "stream":
             await conn.event(req, chunk("hel"))

@@ -24,7 +24,7 @@ import httpx2
 import pytest
 
 import zml
-from tests.e2e.hostile import MODEL, SHAPES, HostileNode, write_config
+from tests.e2e.hostile import ANSWER_FIELDS, MODEL, SHAPES, HostileNode, write_config
 from zml.transport import MAX_BODY_BYTES, RETRY_AFTER_MAX_S
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -425,6 +425,105 @@ def test_a_key_a_plugin_sends_in_its_own_header_is_never_shown(
             json.dumps(getattr(info.value, "routing_context", None), default=str)]
     assert "[redacted]" in seen[0]
     assert not [text for text in seen + chain_texts(info.value) if PLUGIN_KEY in text]
+
+
+# --- a key quoted in a successful answer's metadata ---------------------------------------------
+
+
+def stream_chunks(config: Path, kind: str, client: dict[str, Any] | None = None) -> list[Any]:
+    """Every chunk of one stream, on a fresh client of ``kind`` (``sync`` or ``async``)."""
+    ckw = {"api_key": KEY, "config": config, **(client or {})}
+    if kind == "sync":
+        with zml.Client(**ckw) as c:
+            return list(c.infer_stream(MODEL, MSGS, policy="hostile"))
+
+    async def main() -> list[Any]:
+        async with zml.AsyncClient(probe_interval_s=None, **ckw) as c:
+            return [chunk async for chunk in c.infer_stream(MODEL, MSGS, policy="hostile")]
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("where", sorted(ANSWER_FIELDS))
+def test_a_key_the_node_quotes_in_its_answers_metadata_is_redacted(
+    hostile: HostileNode, tmp_path: Path, infer: Any, where: str
+) -> None:
+    # A successful answer whose id, model or system_fingerprint quotes the key the node was
+    # sent: the caller (a gateway's callers too) gets the answer with the key taken out.
+    config = write_config(tmp_path / "zml.toml", hostile, {"n-echo": f"echo-key-on={where}"})
+    response = infer(config)
+    field = ANSWER_FIELDS[where]
+    assert getattr(response, field) == f"{field}-[redacted]-end"
+    assert KEY not in response.model_dump_json()
+    assert response.choices[0].message.content == "hello"  # the rest as the node sent it
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("where", sorted(ANSWER_FIELDS))
+def test_a_key_the_node_quotes_in_every_chunk_is_redacted_from_each(
+    hostile: HostileNode, tmp_path: Path, where: str, kind: str
+) -> None:
+    # The first chunk opens the stream (dispatch), the others are read after it: both ways.
+    config = write_config(tmp_path / "zml.toml", hostile, {"n-echo": f"echo-key-on={where}"})
+    chunks = stream_chunks(config, kind)
+    field = ANSWER_FIELDS[where]
+    assert [getattr(c, field) for c in chunks] == [f"{field}-[redacted]-end"] * 3
+    assert not [c for c in chunks if KEY in c.model_dump_json()]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "hello"
+
+
+def test_a_key_a_plugin_sends_is_redacted_from_the_answers_metadata_too(
+    hostile: HostileNode, tmp_path: Path
+) -> None:
+    # echo-key-on quotes the api-key header when there is one: the plugin's own credential
+    config = write_config(tmp_path / "zml.toml", hostile, {"n-echo": "echo-key-on=model"})
+    with zml.Client(api_key=KEY, config=config) as client:
+        client.plugins.register(AzureKey(), name="azure-key")
+        response = client.infer(MODEL, MSGS, policy="hostile")
+        chunks = list(client.infer_stream(MODEL, MSGS, policy="hostile"))
+    assert response.model == "model-[redacted]-end"
+    assert {c.model for c in chunks} == {"model-[redacted]-end"}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+@pytest.mark.parametrize("where", ["id", "model"])
+def test_a_key_the_node_quotes_in_its_answer_reaches_no_span_or_metric(
+    hostile: HostileNode, tmp_path: Path, where: str, stream: bool
+) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from zml.plugins.default.otel import OpenTelemetryPlugin
+
+    exporter = InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    plugin = OpenTelemetryPlugin(tracer_provider=tracer_provider,
+                                 meter_provider=MeterProvider(metric_readers=[reader]))
+    config = write_config(tmp_path / "zml.toml", hostile, {"n-echo": f"echo-key-on={where}"})
+    with zml.Client(api_key=KEY, config=config) as client:
+        client.plugins.unregister(name="zml.otel")
+        client.plugins.register(plugin, name="zml.otel")
+        if stream:
+            list(client.infer_stream(MODEL, MSGS, policy="hostile"))
+        else:
+            client.infer(MODEL, MSGS, policy="hostile")
+    (span,) = exporter.get_finished_spans()
+    attributes = dict(span.attributes or {})
+    assert attributes[f"gen_ai.response.{where}"] == f"{where}-[redacted]-end"
+    data = reader.get_metrics_data()
+    points = [dict(p.attributes or {}) for rm in data.resource_metrics
+              for sm in rm.scope_metrics for m in sm.metrics for p in m.data.data_points]
+    assert points and all(p["gen_ai.response.model"] ==
+                          ("model-[redacted]-end" if where == "model" else MODEL)
+                          for p in points)
+    recorded = json.dumps([attributes, [dict(e.attributes or {}) for e in span.events],
+                           points], default=str)
+    assert KEY not in recorded
 
 
 @pytest.mark.parametrize("behaviour", ["redirect=302", "redirect-sse=307"])

@@ -399,6 +399,42 @@ def test_a_node_rejecting_the_node_key_is_a_502_that_shows_no_key(
     assert wrong not in r.text and NODE_KEY not in r.text
 
 
+@pytest.mark.parametrize("where", ["id", "model", "fingerprint"])
+def test_a_node_key_the_node_quotes_in_its_answer_is_never_handed_to_the_caller(
+        tmp_path: Path, where: str) -> None:
+    """A node that puts the key it was sent in a successful answer's id, model or
+    system_fingerprint: the gateway's caller (who holds a gateway key, never the node's) gets
+    the answer, JSON or streamed, with the key taken out."""
+    from tests.e2e.hostile import ANSWER_FIELDS, serving, write_config
+    from zml.gateway import create_app
+
+    body = {"model": MODEL, "messages": MSGS}
+    with serving() as node:
+        config = write_config(tmp_path / "zml.toml", node, {"n-echo": f"echo-key-on={where}"},
+                              extra='[gateway]\ndefault_policy = "hostile"\n')
+        server = _Thread(create_app(config, environ={"ZML_API_KEY": NODE_KEY},
+                                    probe_interval_s=None)).start()
+        url = f"http://127.0.0.1:{server.port}/v1/chat/completions"
+        try:
+            answer = httpx2.post(url, json=body, timeout=30)
+            stream = httpx2.post(url, json={**body, "stream": True}, timeout=30)
+        finally:
+            server.stop()
+        sent = node.requests_for(f"echo-key-on={where}")
+    assert [r.headers["authorization"] for r in sent] == [f"Bearer {NODE_KEY}"] * 2
+    field = ANSWER_FIELDS[where]
+    assert answer.status_code == 200, answer.text
+    assert answer.json()[field] == f"{field}-[redacted]-end"
+    assert stream.status_code == 200
+    events = sse_events(stream.text)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks and {c[field] for c in chunks} == {f"{field}-[redacted]-end"}
+    for response in (answer, stream):
+        assert NODE_KEY not in response.text
+        assert not [v for v in response.headers.values() if NODE_KEY in v]
+
+
 # --- the other routes ---------------------------------------------------------------------
 
 

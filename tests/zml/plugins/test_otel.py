@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 import zml
 
-from .conftest import Nodes
+from .conftest import MSGS, Nodes
 
 
 def only_span(t: SimpleNamespace) -> Any:
@@ -188,6 +188,54 @@ def test_stream_closed_early_is_cancelled_not_error(traced: SimpleNamespace) -> 
     span = only_span(traced)
     assert span.attributes["zml.cancelled"] is True
     assert span.status.status_code == StatusCode.UNSET
+
+
+def test_a_cancelled_request_records_its_duration_with_error_type_cancelled(
+    traced: SimpleNamespace,
+) -> None:
+    # The GenAI conventions record every operation's duration, a failed one with error.type:
+    # a request the caller cancelled says so, as its span does (zml.cancelled).
+    traced.driver.stream(stop_after=1, policy="prod")
+    assert only_span(traced).attributes["zml.cancelled"] is True
+    (duration,) = points(traced.reader, "gen_ai.client.operation.duration")
+    assert duration.count == 1 and duration.sum >= 0
+    a = duration.attributes
+    assert a["error.type"] == "cancelled"
+    assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "m"
+    # counted under the node that had the request when it was cancelled
+    assert a["server.address"] == "h100-a" and a["server.port"] == 8000
+    assert a["zml.accelerator"] == "H100" and a["zml.policy"] == "prod"
+    assert "gen_ai.response.model" not in a  # no answer came to say which model answered
+
+
+@pytest.mark.parametrize("make_driver", ["async"], indirect=True)  # a task: the async client's
+def test_a_cancelled_task_records_its_duration_with_error_type_cancelled(
+    traced: SimpleNamespace, nodes: Nodes,
+) -> None:
+    driver = traced.driver
+    assert driver.kind == "async"
+    import asyncio
+
+    async def never() -> Any:
+        await asyncio.Event().wait()
+
+    nodes.answer["h100-a"] = lambda body: never()  # the node never answers
+
+    async def main() -> None:
+        task = asyncio.ensure_future(driver.client.infer(model="m", messages=MSGS,
+                                                         policy="prod"))
+        while not nodes.hosts:  # sent: the node has it
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    driver.loop.run_until_complete(main())
+    assert only_span(traced).attributes["zml.cancelled"] is True
+    (duration,) = points(traced.reader, "gen_ai.client.operation.duration")
+    assert duration.count == 1
+    assert duration.attributes["error.type"] == "cancelled"
+    assert duration.attributes["server.address"] == "h100-a"
 
 
 def test_content_captured_only_when_opted_in(

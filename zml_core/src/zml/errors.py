@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -420,6 +420,39 @@ def scrub(exc: BaseException, secrets: tuple[str, ...]) -> None:
         if isinstance(current, NodeStatusError):
             current.body = _without(current.body, secrets)
         current = current.__cause__ or current.__context__
+
+
+ANSWER_FIELDS = ("id", "model", "system_fingerprint")
+"""The metadata of a node's answer (a completion or a stream's chunk) that zml passes on to
+its caller (a gateway's callers too) and records in telemetry: what :func:`answer_scrubber`
+redacts. The messages' content is the model's output, passed on as it came: never scrubbed."""
+
+
+def answer_scrubber(secrets: tuple[str, ...]) -> Callable[[dict[str, Any]], None] | None:
+    """For an attempt that sent ``secrets`` (its credentials): a function that takes them out
+    of an answer's :data:`ANSWER_FIELDS` (a completion's decoded JSON, a chunk's fields), in
+    place and as :func:`scrub` does (escaped, or cut short); None when nothing is worth it.
+
+    A node may echo the key it was sent into a successful answer's ``id`` or ``model``.
+    Dispatch binds one to the attempt that answered, and it runs on every chunk of a stream:
+    where no secret is, it does one substring test per field (and quoted form) and allocates
+    nothing.
+    """
+    forms = _forms(secrets)
+    if not forms:
+        return None
+    heads = tuple(dict.fromkeys(form[:_KEPT] for form in forms))  # what _redact looks for
+
+    def scrub_answer(fields: dict[str, Any]) -> None:
+        for name in ANSWER_FIELDS:
+            value = fields.get(name)
+            if type(value) is str:
+                for head in heads:
+                    if head in value:
+                        fields[name] = _without(value, forms)
+                        break
+
+    return scrub_answer
 
 
 def _without(value: object, secrets: tuple[str, ...]) -> object:

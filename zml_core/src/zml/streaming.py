@@ -103,6 +103,10 @@ class _Base:
 
     def _adopt(self, opened: tuple[StreamAttempt, list[ChatCompletionChunk]]) -> None:
         op, ready = opened
+        scrub = op.step.scrub_answer  # the attempt's credentials, out of each chunk's metadata
+        if scrub is not None:
+            for chunk in ready:
+                scrub(chunk.__dict__)
         self._op = op
         ready.reverse()
         self._ready = ready
@@ -118,13 +122,19 @@ class _Base:
         events = op.splitter.feed(data)
         if not events:
             return None
+        scrub = op.step.scrub_answer  # see _adopt
         if len(events) == 1:  # the common read: one event, decoded without a list
-            return op.decoder.feed(events[0])  # None for [DONE]
+            chunk = op.decoder.feed(events[0])  # None for [DONE]
+            if chunk is not None and scrub is not None:
+                scrub(chunk.__dict__)
+            return chunk
         chunks: list[ChatCompletionChunk] = []
         for payload in events:
             chunk = op.decoder.feed(payload)
             if chunk is None:
                 break
+            if scrub is not None:
+                scrub(chunk.__dict__)
             chunks.append(chunk)
         if not chunks:
             return None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import routing
 from ..config import Registry, node_api_key, suggest
-from ..errors import InvalidRequestError
+from ..errors import InvalidRequestError, answer_scrubber
 from ..fleet import Fleet
 from ..policy import Policy
 from ..prefix import blocks_of_body
@@ -64,9 +64,21 @@ class Dispatcher:
                 key = node_api_key(node)
                 self.node_headers[node.id] = auth_headers(key, param=f"${node.api_key_env}")
         self.fleet.add_capacity_listener(self.effects.queues.wake_heads)
+        self._answer_scrubber: tuple[tuple[str, ...], Callable[[dict[str, Any]], None] | None] \
+            = ((), None)
+        """The last credentials an answer was scrubbed of, and their scrubber."""
         self.closed_by: str | None = None
         """Set by :meth:`close` to the closing client's kind ("Client", "AsyncClient"): calls
         still in flight then end with :func:`zml.errors.closed_client`."""
+
+    def answer_scrubber(self, secrets: tuple[str, ...]
+                        ) -> Callable[[dict[str, Any]], None] | None:
+        """:func:`zml.errors.answer_scrubber` for ``secrets``, built once for the credentials
+        a client sends on every request (kept for the last ones only)."""
+        last = self._answer_scrubber
+        if last[0] != secrets:
+            last = self._answer_scrubber = (secrets, answer_scrubber(secrets))
+        return last[1]
 
     @property
     def rng(self) -> random.Random:

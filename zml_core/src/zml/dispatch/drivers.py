@@ -208,6 +208,15 @@ class Call:
         return credentials(sent if sent is not None
                            else self.d.node_headers.get(step.node.id, self.d.headers))
 
+    def answered(self, step: Step, answer: object) -> None:
+        """``step``'s node answered: take the attempt's credentials out of the answer's
+        metadata (a node may echo its key into a completion's ``id`` or ``model``) before the
+        caller, the plugins or a gateway's callers see it. A whole answer (its decoded JSON)
+        is scrubbed here; a stream's chunks as they are decoded, with ``step.scrub_answer``."""
+        scrub_answer = step.scrub_answer = self.d.answer_scrubber(self.credentials(step))
+        if scrub_answer is not None and isinstance(answer, dict):
+            scrub_answer(answer)
+
     def closed(self) -> ClientConfigError | None:
         """The error of this call if its client was closed while it was in flight, else None:
         a failure from then on is the closing's doing, not the node's."""
@@ -338,7 +347,7 @@ def _check_open(call: Call) -> None:
 
 def _outcome(call: Call, send: Callable[[Step], _T], step: Step) -> _T | NodeError:
     try:
-        return send(step)
+        answer = send(step)
     except NodeError as exc:
         _check_open(call)
         scrub(exc, call.credentials(step))  # a node may quote the key it was sent
@@ -346,12 +355,14 @@ def _outcome(call: Call, send: Callable[[Step], _T], step: Step) -> _T | NodeErr
     except Exception:
         _check_open(call)  # e.g. httpx2's RuntimeError for a send on a closed client
         raise
+    call.answered(step, answer)  # ... in its answer too
+    return answer
 
 
 async def _aoutcome(call: Call, send: Callable[[Step], Awaitable[_T]], step: Step
                     ) -> _T | NodeError:
     try:
-        return await send(step)
+        answer = await send(step)
     except NodeError as exc:
         _check_open(call)
         scrub(exc, call.credentials(step))  # a node may quote the key it was sent
@@ -359,6 +370,8 @@ async def _aoutcome(call: Call, send: Callable[[Step], Awaitable[_T]], step: Ste
     except Exception:
         _check_open(call)
         raise
+    call.answered(step, answer)  # ... in its answer too
+    return answer
 
 
 def _ledger(call: Call) -> Any:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from ..errors import NodeError
     from ..fleet import NodeState, Reservation
@@ -54,6 +54,10 @@ class Step:
     sent_headers: Mapping[str, str] | None = None
     """The headers the attempt's request went out with (plugins' and the HTTP client's
     defaults included): what errors are scrubbed of (:func:`zml.errors.credentials`)."""
+    scrub_answer: Callable[[dict[str, Any]], None] | None = None
+    """Once the attempt answered: what takes its credentials out of its answer's metadata
+    (:func:`zml.errors.answer_scrubber`), for the chunks of a stream as they are read; None
+    when it sent none."""
 
 
 @dataclass

@@ -22,11 +22,15 @@ this plugin nearly free, and an application that configures one (``TracerProvide
   ``zml.attempt.failed`` per failed attempt (``zml.node_id``, ``zml.accelerator``,
   ``error.type``, ``http.response.status_code``);
 * on failure, status ERROR with ``error.type`` (the exception's class name; for a
-  RoutingError also ``zml.final_error``) and the exception recorded;
+  RoutingError also ``zml.final_error``) and the exception recorded; a request the caller
+  cancelled (a stream closed early, a cancelled task) is marked ``zml.cancelled``, without an
+  error status;
 * histograms ``gen_ai.client.operation.duration`` (s), ``gen_ai.client.token.usage``
   ({token}, with ``gen_ai.token.type`` = ``input`` | ``output``) and, for streams,
   ``gen_ai.client.operation.time_to_first_chunk`` (s), each with ``server.address`` and
-  ``server.port`` of the node that answered;
+  ``server.port`` of the node that answered. The duration is recorded for every request, a
+  failed one with ``error.type`` (as its span), a cancelled one with ``error.type`` =
+  ``cancelled`` (and the node that had it, if any);
 * the trace context sent to nodes: inside a recorded request, each attempt carries the
   request span's context in the headers of the application's propagator
   (``opentelemetry.propagate``: W3C ``traceparent`` by default), so a node's own traces (vLLM's)
@@ -73,6 +77,8 @@ PROVIDER = "zml"
 RECHECK_S = 1.0
 _SPAN = "zml.otel.span"
 _CONTEXT = "zml.otel.context"
+_ROUTED = "zml.otel.routing"
+_CANCELLED = "cancelled"  # the error.type of a request the caller cancelled (zml.cancelled)
 
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
                     40.96, 81.92)
@@ -243,7 +249,10 @@ class OpenTelemetryPlugin:
     def zml_request_routed(self, call: Call, routing: RoutingInfo) -> None:
         """Record the decision: the node, its family and load, and each family evaluated."""
         span: Span | None = call.state.get(_SPAN)
-        if span is None or not span.is_recording():
+        if span is None:
+            return
+        call.state[_ROUTED] = routing  # where a request cancelled from now on is counted
+        if not span.is_recording():
             return
         host, port = _split_address(routing.server_address)
         span.set_attributes(
@@ -275,6 +284,7 @@ class OpenTelemetryPlugin:
     @hookimpl
     def zml_attempt_failed(self, call: Call, attempt: Attempt, error: NodeError) -> None:
         """Add a ``zml.attempt.failed`` event."""
+        call.state.pop(_ROUTED, None)  # that node no longer has the request
         span: Span | None = call.state.get(_SPAN)
         if span is None or not span.is_recording():
             return
@@ -351,12 +361,6 @@ class OpenTelemetryPlugin:
         from opentelemetry.trace import Status, StatusCode
 
         error_type = type(error).__name__
-        routing = getattr(error, "routing", None)
-        host = accelerator = None
-        port: int | None = None
-        if routing is not None:
-            host, port = _split_address(routing.server_address)
-            accelerator = routing.accelerator
         if span.is_recording():
             span.set_attribute("error.type", error_type)
             span.set_attribute("zml.attempts", call.sent)
@@ -371,20 +375,36 @@ class OpenTelemetryPlugin:
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, _first_line(error)))
         span.end()
+        self._record_unanswered(call, getattr(error, "routing", None), error_type)
+
+    @hookimpl
+    def zml_request_cancelled(self, call: Call) -> None:
+        """Finish the span, marked ``zml.cancelled`` (no error status: the caller chose);
+        record the duration with ``error.type`` = ``cancelled``, under the node that had
+        the request (none if it had not reached one)."""
+        span: Span | None = call.state.pop(_SPAN, None)
+        call.state.pop(_CONTEXT, None)
+        routing: RoutingInfo | None = call.state.pop(_ROUTED, None)
+        if span is None:
+            return
+        if span.is_recording():
+            span.set_attribute("zml.cancelled", True)
+        span.end()
+        self._record_unanswered(call, routing, _CANCELLED)
+
+    def _record_unanswered(self, call: Call, routing: RoutingInfo | None,
+                           error_type: str) -> None:
+        """Record the duration of a request that ended without an answer, with
+        ``error.type`` and the node that had it (if it reached one)."""
+        host = accelerator = None
+        port: int | None = None
+        if routing is not None:
+            host, port = _split_address(routing.server_address)
+            accelerator = routing.accelerator
         metric_attrs = self._metric_attributes(call, host, port, accelerator)
         metric_attrs["error.type"] = error_type
         duration, _ = self._histograms()
         duration.record(max(0.0, call.elapsed_s), metric_attrs)
-
-    @hookimpl
-    def zml_request_cancelled(self, call: Call) -> None:
-        """Finish the span, marked ``zml.cancelled`` (no error status: the caller chose)."""
-        span: Span | None = call.state.pop(_SPAN, None)
-        call.state.pop(_CONTEXT, None)
-        if span is not None:
-            if span.is_recording():
-                span.set_attribute("zml.cancelled", True)
-            span.end()
 
     @staticmethod
     def _metric_attributes(
