@@ -5,12 +5,17 @@ the command at once with its message. With ``--workers N`` uvicorn starts N proc
 each build their own app (and client) from ``ZML_CONFIG``; the parent checks the
 configuration first. Each worker keeps its own fleet state and metrics: to share node
 capacity between workers or replicas, install zml-redis and set ``ZML_REDIS_URL``.
+
+Connections are served by :class:`~zml.gateway.protocol.GatewayH11Protocol` (uvicorn's h11
+protocol, not httptools): a request's head must arrive within ``[gateway] head_timeout_s`` and
+hold at most :data:`~zml.gateway.protocol.MAX_HEAD_BYTES` (see :func:`connection_limits`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import socket
 import sys
@@ -25,9 +30,10 @@ from zml.errors import InvalidRequestError, PolicyConfigError
 
 from .app import create_app
 from .auth import KeyRing
-from .settings import gateway_settings
+from .protocol import MAX_HEAD_BYTES, GatewayH11Protocol
+from .settings import GatewaySettings, gateway_settings
 
-__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "app_from_environment", "serve"]
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "app_from_environment", "connection_limits", "serve"]
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8400
@@ -37,6 +43,18 @@ def max_workers() -> int:
     """The most ``--workers`` accepted: 4 per CPU (a typo such as 100000 would fork that many
     processes)."""
     return 4 * (os.cpu_count() or 1)
+
+
+def connection_limits(settings: GatewaySettings) -> dict[str, Any]:
+    """The uvicorn options that bound a connection's request head, in time and in size.
+
+    uvicorn's default protocol (httptools) bounds neither: a client sending nothing, or a
+    header byte now and then, kept its connection for ever, and a header of 10 MB was read
+    whole. h11's protocol has a size limit (a larger head gets 431); the gateway's subclass of
+    it adds the time limit.
+    """
+    return {"http": functools.partial(GatewayH11Protocol, head_timeout_s=settings.head_timeout_s),
+            "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
 
 
 def app_from_environment() -> Starlette:
@@ -74,13 +92,17 @@ def serve(config: str | None = None, *, host: str = DEFAULT_HOST, port: int = DE
             field="config",
         )
     if workers == 1:
-        target: Starlette | str = create_app(path)
+        app = create_app(path)
+        target: Starlette | str = app
+        settings: GatewaySettings = app.state.gateway.settings
     else:
         registry = load_registry(path)
-        KeyRing.from_settings(gateway_settings(registry), registry.source, os.environ)
+        settings = gateway_settings(registry)
+        KeyRing.from_settings(settings, registry.source, os.environ)
         os.environ[ENV_CONFIG] = str(path.resolve())  # read by every worker's app
         target = "zml.gateway.server:app_from_environment"
-    options: dict[str, Any] = {"log_level": log_level, "access_log": False, "lifespan": "on"}
+    options: dict[str, Any] = {"log_level": log_level, "access_log": False, "lifespan": "on",
+                               **connection_limits(settings)}
     with _listen(host, port) as sock:
         bound = sock.getsockname()[1]  # the real one for --port 0
         shown = f"[{host}]" if ":" in host else host

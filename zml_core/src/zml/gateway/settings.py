@@ -10,6 +10,7 @@ never reads it); it is validated here, when a gateway is built, so that a typo i
     api_keys_file = "gateway-keys.txt"     # and/or SHA-256 hashes in a file (see zml.gateway.auth)
     max_body_bytes = 4194304               # larger request bodies get 413
     body_timeout_s = 30                    # a body not in full by then gets 408
+    head_timeout_s = 10                    # request line and headers not in full by then: 408
     allowed_hosts = ["llm.example.com"]    # names besides loopback ones (zml.gateway.hosts)
 
     [gateway.aliases]
@@ -75,6 +76,12 @@ class GatewaySettings(_Strict):
     body_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False, strict=True)
     """Seconds a request's body may take to arrive in full, from its headers (408 beyond): a
     client that stalls mid-body must not hold a connection open for ever."""
+    head_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False, strict=True)
+    """Seconds a request's head (request line and headers) may take to arrive in full, from
+    the connection's opening or the end of the previous response on it: beyond, the connection
+    is closed (with a 408 if part of a head had arrived). A client that connects and sends
+    nothing, or a header byte now and then, must not hold a connection open for ever either
+    (see :mod:`zml.gateway.protocol`)."""
     allowed_hosts: tuple[str, ...] = ()
     """Host names, besides loopback ones, that a request arriving over loopback may be
     addressed to, and that a web page's ``Origin`` may name (``.example.com``: the domain and

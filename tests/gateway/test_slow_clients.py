@@ -1,0 +1,280 @@
+"""Clients that are slow or endless before their request is even read, on real loopback sockets:
+a request's head (request line and headers) must arrive within ``[gateway] head_timeout_s``
+and hold at most 64 KiB, else the connection is closed (408, 431). uvicorn's default protocol
+(httptools) had neither bound: a connection that sent nothing, or a header byte every 0.5 s,
+stayed open for ever, and a 10 MB header was read whole.
+
+The gateways here are served with the uvicorn options ``zml serve`` uses
+(:func:`zml.gateway.server.connection_limits`); the last tests run ``zml serve`` itself. The
+timeouts in the tests are hang guards, ten times the configured limit, not measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+import zml
+from tests.conftest import MODEL, SimSetup
+from zml.config import load_registry
+from zml.gateway import create_app
+from zml.gateway.server import connection_limits
+from zml.gateway.settings import GatewaySettings, gateway_settings
+
+from .conftest import _Thread
+from .test_cli import env, free_port, start_serve, stop, wait_ready
+
+ONE_NODE = [{"id": "h100-1", "family": "H100", "max_concurrency": 4}]
+PROD = {"prod": {"accelerator_chain": ["H100"]}}
+GUARD_S = 10.0
+"""How long a test waits for the gateway to close a connection (the limit is 1 s)."""
+HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+
+
+class _Limited(_Thread):
+    """The conftest's server thread, with the uvicorn options of ``zml serve``."""
+
+    def __init__(self, app: Any) -> None:
+        super().__init__(app)
+        self.server = uvicorn.Server(uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="on",
+            **connection_limits(app.state.gateway.settings)))
+
+
+@pytest.fixture
+def serve_limited(sim_fleet: Callable[..., SimSetup]) -> Iterator[Callable[[str], int]]:
+    """Factory: a gateway with this ``[gateway]`` table, served as ``zml serve`` does; its port."""
+    threads: list[_Limited] = []
+
+    def make(gateway: str) -> int:
+        setup = sim_fleet(ONE_NODE, PROD, time_scale=0.05)
+        setup.path.write_text(setup.path.read_text() + "\n" + gateway + "\n")
+        thread = _Limited(create_app(setup.path, environ={}, probe_interval_s=None))
+        threads.append(thread)
+        thread.start()
+        return thread.port
+
+    yield make
+    for thread in threads:
+        thread.stop()
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=GUARD_S)
+
+
+def read_until_closed(sock: socket.socket, guard: float = GUARD_S) -> bytes:
+    """Everything the gateway sends until it closes the connection; fails after ``guard`` s."""
+    data = b""
+    deadline = time.monotonic() + guard
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+    raise AssertionError(f"the connection is still open after {guard} s; got {data[:200]!r}")
+
+
+def read_response(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One response with a Content-Length, leaving the connection open: (head, body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        body += chunk
+    return head, body
+
+
+class Trickle:
+    """Sends one byte every ``every`` s on ``sock`` until the gateway closes it (or ``stop``)."""
+
+    def __init__(self, sock: socket.socket, byte: bytes = b"a", every: float = 0.2) -> None:
+        self.sock, self.byte, self.every = sock, byte, every
+        self.stopped = threading.Event()
+        self.sent = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.every):
+            try:
+                self.sock.send(self.byte)
+            except OSError:
+                return
+            self.sent += 1
+
+    def __enter__(self) -> Trickle:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(GUARD_S)
+
+
+def error_of(reply: bytes, status: int) -> dict[str, object]:
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), reply[:300]
+    assert b"connection: close" in head.lower()
+    error: dict[str, object] = json.loads(body)["error"]
+    return error
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_head_timeout(
+        serve_limited: Callable[[str], int]) -> None:
+    port = serve_limited("[gateway]\nhead_timeout_s = 1\n")
+    with connect(port) as sock:
+        assert read_until_closed(sock) == b""  # closed without a word: no request to answer
+
+
+def test_a_head_sent_a_byte_at_a_time_gets_408_and_the_connection_is_closed(
+        serve_limited: Callable[[str], int]) -> None:
+    port = serve_limited("[gateway]\nhead_timeout_s = 1\n")
+    with connect(port) as sock:
+        sock.sendall(HEAD + b"X-Slow: ")
+        with Trickle(sock) as trickle:
+            reply = read_until_closed(sock)
+        assert trickle.sent > 0  # the header was still growing when the gateway gave up
+    error = error_of(reply, 408)
+    assert error["code"] == "request_timeout" and error["type"] == "invalid_request_error"
+    assert "head_timeout_s" in str(error["message"])
+
+
+def test_the_limit_runs_again_after_each_response_on_a_kept_alive_connection(
+        serve_limited: Callable[[str], int]) -> None:
+    port = serve_limited("[gateway]\nhead_timeout_s = 1\n")
+    with connect(port) as sock:
+        for _ in range(2):  # whole heads are served, however long the connection lives
+            sock.sendall(HEAD + b"\r\n")
+            head, body = read_response(sock)
+            assert head.startswith(b"HTTP/1.1 200 ") and json.loads(body) == {"status": "ok"}
+        sock.sendall(HEAD + b"X-Slow: ")
+        with Trickle(sock):
+            reply = read_until_closed(sock)
+    assert error_of(reply, 408)["code"] == "request_timeout"
+
+
+def test_a_body_the_gateway_did_not_read_cannot_hold_the_connection_after_the_response(
+        serve_limited: Callable[[str], int]) -> None:
+    """``/health`` answers without reading a body: the rest of it, trickled, was read for
+    ever (uvicorn's keep-alive timer stops at every byte and starts again only after a
+    response)."""
+    port = serve_limited("[gateway]\nhead_timeout_s = 1\n")
+    with connect(port) as sock:
+        sock.sendall(HEAD + b"Content-Length: 100000\r\n\r\nxx")
+        head, _ = read_response(sock)
+        assert head.startswith(b"HTTP/1.1 200 ")
+        with Trickle(sock):
+            assert read_until_closed(sock) == b""  # no 408: the request had its answer
+
+
+def test_the_body_has_its_own_limit_and_a_slow_one_within_it_is_served(
+        serve_limited: Callable[[str], int]) -> None:
+    """The head timer stops when the head is in: a body slower than ``head_timeout_s`` (but
+    within ``body_timeout_s``) is served."""
+    port = serve_limited('[gateway]\nhead_timeout_s = 1\nbody_timeout_s = 20\n'
+                         'default_policy = "prod"\n')
+    body = json.dumps({"model": MODEL, "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    with connect(port) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body))
+        for i in range(0, len(body), len(body) // 4 + 1):
+            time.sleep(0.5)  # 2 s in all, twice the head limit
+            sock.sendall(body[i:i + len(body) // 4 + 1])
+        head, reply = read_response(sock)
+    assert head.startswith(b"HTTP/1.1 200 "), head + reply
+    assert json.loads(reply)["object"] == "chat.completion"
+
+
+def test_a_head_over_64_kib_gets_431_and_one_under_it_is_served(
+        serve_limited: Callable[[str], int]) -> None:
+    port = serve_limited("")  # the default limits
+    with connect(port) as sock:
+        sock.sendall(HEAD + b"X-Big: " + b"a" * (48 * 1024) + b"\r\nConnection: close\r\n\r\n")
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 200 ")  # over h11's default 16 KiB
+    with connect(port) as sock:
+        sock.sendall(HEAD + b"X-Big: " + b"a" * (80 * 1024) + b"\r\n\r\n")
+        error = error_of(read_until_closed(sock), 431)
+    assert error["code"] == "request_header_fields_too_large"
+
+
+def test_an_endless_header_is_cut_at_the_limit(serve_limited: Callable[[str], int]) -> None:
+    """10 MB of header and no end of it: the gateway answers 431 and closes the connection
+    long before the client is done sending."""
+    port = serve_limited("")
+    total = 10 * 1024 * 1024
+    sent = 0
+    with connect(port) as sock:
+        sock.sendall(HEAD + b"X-Endless: ")
+        try:
+            while sent < total:
+                sent += sock.send(b"a" * 65536)
+        except OSError:
+            pass  # the gateway closed the connection
+        assert sent < total
+        error = error_of(read_until_closed(sock), 431)
+    assert error["code"] == "request_header_fields_too_large"
+
+
+def test_head_timeout_s_is_10_seconds_unless_set(tmp_path: Path) -> None:
+    assert GatewaySettings().head_timeout_s == 10.0
+    path = tmp_path / "zml.toml"
+    path.write_text("[gateway]\nhead_timeout_s = 2\n")
+    assert gateway_settings(load_registry(path)).head_timeout_s == 2.0
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    ("0", "0"), ("-1", "-1"), ("inf", "inf"), ("nan", "nan"), ("true", "True"), ('"10"', "'10'"),
+])
+def test_a_bad_head_timeout_s_names_the_key_and_the_value(tmp_path: Path, value: str,
+                                                          shown: str) -> None:
+    path = tmp_path / "zml.toml"
+    path.write_text(f"[gateway]\nhead_timeout_s = {value}\n")
+    with pytest.raises(zml.PolicyConfigError) as info:
+        gateway_settings(load_registry(path))
+    assert f"gateway.head_timeout_s = {shown}" in str(info.value)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_zml_serve_closes_idle_and_slow_connections(sim_fleet: Callable[..., SimSetup],
+                                                    workers: int) -> None:
+    """The command itself, with one process or several (whose protocol is pickled over)."""
+    setup = sim_fleet(ONE_NODE, PROD, time_scale=0.05)
+    setup.path.write_text(setup.path.read_text() + "\n[gateway]\nhead_timeout_s = 1\n")
+    port = free_port()
+    proc = start_serve(setup.path, port, "--workers", str(workers), environ=env())
+    try:
+        wait_ready(proc, f"http://127.0.0.1:{port}")
+        with connect(port) as idle, connect(port) as slow:
+            slow.sendall(HEAD + b"X-Slow: ")
+            with Trickle(slow):
+                assert error_of(read_until_closed(slow), 408)["code"] == "request_timeout"
+            assert read_until_closed(idle) == b""
+        with connect(port) as big:
+            big.sendall(HEAD + b"X-Big: " + b"a" * (80 * 1024) + b"\r\n\r\n")
+            assert error_of(read_until_closed(big), 431)["code"] == \
+                "request_header_fields_too_large"
+    finally:
+        stop(proc)
