@@ -15,6 +15,7 @@ import pytest
 import uvicorn
 
 from tests.conftest import SimSetup
+from zml.gateway.server import connection_limits
 
 GATEWAY_KEY = "gw-test-key-6d1f0c"  # a gateway key (never a node key)
 NODE_KEY = "node-secret-8a7c21"  # the nodes' key
@@ -51,7 +52,11 @@ class _Thread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port: int = self.sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+        # A gateway app is served as ``zml serve`` serves it (its head limits, the h11 protocol).
+        gateway = getattr(getattr(app, "state", None), "gateway", None)
+        limits = connection_limits(gateway.settings) if gateway is not None else {}
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                **limits)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, daemon=True)
 

@@ -17,16 +17,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import uvicorn
 
 import zml
 from tests.conftest import MODEL, SimSetup
 from zml.config import load_registry
 from zml.gateway import create_app
-from zml.gateway.server import connection_limits
 from zml.gateway.settings import GatewaySettings, gateway_settings
 
 from .conftest import _Thread
@@ -39,25 +36,15 @@ GUARD_S = 10.0
 HEAD = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
 
 
-class _Limited(_Thread):
-    """The conftest's server thread, with the uvicorn options of ``zml serve``."""
-
-    def __init__(self, app: Any) -> None:
-        super().__init__(app)
-        self.server = uvicorn.Server(uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="on",
-            **connection_limits(app.state.gateway.settings)))
-
-
 @pytest.fixture
 def serve_limited(sim_fleet: Callable[..., SimSetup]) -> Iterator[Callable[[str], int]]:
     """Factory: a gateway with this ``[gateway]`` table, served as ``zml serve`` does; its port."""
-    threads: list[_Limited] = []
+    threads: list[_Thread] = []
 
     def make(gateway: str) -> int:
         setup = sim_fleet(ONE_NODE, PROD, time_scale=0.05)
         setup.path.write_text(setup.path.read_text() + "\n" + gateway + "\n")
-        thread = _Limited(create_app(setup.path, environ={}, probe_interval_s=None))
+        thread = _Thread(create_app(setup.path, environ={}, probe_interval_s=None))
         threads.append(thread)
         thread.start()
         return thread.port
