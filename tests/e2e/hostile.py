@@ -242,7 +242,7 @@ async def _echo_key(conn: _Conn, req: Request, arg: str) -> None:
         "param": f"key={key}", "code": "invalid_api_key"}})
 
 
-ANSWER_FIELDS = {"id": "id", "model": "model", "fingerprint": "system_fingerprint"}
+ECHOED_FIELDS = {"id": "id", "model": "model", "fingerprint": "system_fingerprint"}
 """``echo-key-on=WHERE`` -> the answer's field that quotes the key (as ``FIELD-KEY-end``)."""
 
 
@@ -253,8 +253,8 @@ async def _echo_key_on(conn: _Conn, req: Request, arg: str) -> None:
     Location holding it); or ``id``, ``model``, ``fingerprint``: a valid answer (a completion,
     or a stream: then in every chunk) quoting it in that field (``system_fingerprint``)."""
     key = _sent_key(req)
-    if arg in ANSWER_FIELDS:
-        field = ANSWER_FIELDS[arg]
+    if arg in ECHOED_FIELDS:
+        field = ECHOED_FIELDS[arg]
         quoted = {field: f"{field}-{key}-end"}
         if (req.json or {}).get("stream"):
             await conn.sse_head()

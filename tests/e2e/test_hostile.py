@@ -24,7 +24,7 @@ import httpx2
 import pytest
 
 import zml
-from tests.e2e.hostile import ANSWER_FIELDS, MODEL, SHAPES, HostileNode, write_config
+from tests.e2e.hostile import ECHOED_FIELDS, MODEL, SHAPES, HostileNode, write_config
 from zml.transport import MAX_BODY_BYTES, RETRY_AFTER_MAX_S
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -444,7 +444,7 @@ def stream_chunks(config: Path, kind: str, client: dict[str, Any] | None = None)
     return asyncio.run(main())
 
 
-@pytest.mark.parametrize("where", sorted(ANSWER_FIELDS))
+@pytest.mark.parametrize("where", sorted(ECHOED_FIELDS))
 def test_a_key_the_node_quotes_in_its_answers_metadata_is_redacted(
     hostile: HostileNode, tmp_path: Path, infer: Any, where: str
 ) -> None:
@@ -452,21 +452,21 @@ def test_a_key_the_node_quotes_in_its_answers_metadata_is_redacted(
     # sent: the caller (a gateway's callers too) gets the answer with the key taken out.
     config = write_config(tmp_path / "zml.toml", hostile, {"n-echo": f"echo-key-on={where}"})
     response = infer(config)
-    field = ANSWER_FIELDS[where]
+    field = ECHOED_FIELDS[where]
     assert getattr(response, field) == f"{field}-[redacted]-end"
     assert KEY not in response.model_dump_json()
     assert response.choices[0].message.content == "hello"  # the rest as the node sent it
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
-@pytest.mark.parametrize("where", sorted(ANSWER_FIELDS))
+@pytest.mark.parametrize("where", sorted(ECHOED_FIELDS))
 def test_a_key_the_node_quotes_in_every_chunk_is_redacted_from_each(
     hostile: HostileNode, tmp_path: Path, where: str, kind: str
 ) -> None:
     # The first chunk opens the stream (dispatch), the others are read after it: both ways.
     config = write_config(tmp_path / "zml.toml", hostile, {"n-echo": f"echo-key-on={where}"})
     chunks = stream_chunks(config, kind)
-    field = ANSWER_FIELDS[where]
+    field = ECHOED_FIELDS[where]
     assert [getattr(c, field) for c in chunks] == [f"{field}-[redacted]-end"] * 3
     assert not [c for c in chunks if KEY in c.model_dump_json()]
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "hello"

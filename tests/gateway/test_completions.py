@@ -405,7 +405,7 @@ def test_a_node_key_the_node_quotes_in_its_answer_is_never_handed_to_the_caller(
     """A node that puts the key it was sent in a successful answer's id, model or
     system_fingerprint: the gateway's caller (who holds a gateway key, never the node's) gets
     the answer, JSON or streamed, with the key taken out."""
-    from tests.e2e.hostile import ANSWER_FIELDS, serving, write_config
+    from tests.e2e.hostile import ECHOED_FIELDS, serving, write_config
     from zml.gateway import create_app
 
     body = {"model": MODEL, "messages": MSGS}
@@ -422,7 +422,7 @@ def test_a_node_key_the_node_quotes_in_its_answer_is_never_handed_to_the_caller(
             server.stop()
         sent = node.requests_for(f"echo-key-on={where}")
     assert [r.headers["authorization"] for r in sent] == [f"Bearer {NODE_KEY}"] * 2
-    field = ANSWER_FIELDS[where]
+    field = ECHOED_FIELDS[where]
     assert answer.status_code == 200, answer.text
     assert answer.json()[field] == f"{field}-[redacted]-end"
     assert stream.status_code == 200
