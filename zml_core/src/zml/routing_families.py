@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Sequence, Set as AbstractSet
 
 from .routing_index import FamilyIndex, base_key, failing_of
@@ -194,28 +194,20 @@ class _ScanFound:
 class _IndexFound:
     """An indexed family with viable nodes: candidates ``ordered[a:b]`` minus ``skip``."""
 
-    __slots__ = ("a", "b", "best", "ix", "limit", "own_ms", "skip", "skip_idx", "util")
+    __slots__ = ("a", "b", "best", "ix", "limit", "own_ms", "skip", "skipped", "util")
 
-    def __init__(self, ix: FamilyIndex, skip: AbstractSet[int], skip_idx: list[int], a: int, b: int,
-                 best: float, util: float, own_ms: float, limit: float) -> None:
+    def __init__(self, ix: FamilyIndex, skip: AbstractSet[int],
+                 skipped: list[tuple[float, int]], a: int, b: int, best: float, util: float,
+                 own_ms: float, limit: float) -> None:
         self.ix = ix
         self.skip = skip
-        self.skip_idx = skip_idx
+        self.skipped = skipped
         self.a = a
         self.b = b
         self.best = best
         self.util = util
         self.own_ms = own_ms
         self.limit = limit
-
-    def _at(self, r: int) -> int:
-        idx = self.a + r
-        for f in self.skip_idx:
-            if f <= idx:
-                idx += 1
-            else:
-                break
-        return idx
 
     def choose(self, rng: random.Random, affinity_key: str | None) -> tuple[float, NodeView]:
         ix = self.ix
@@ -233,16 +225,44 @@ class _IndexFound:
             picked = _affinity_pick(sorted_by_registry(viable, ix), affinity_key)
             if picked is not None:
                 return picked
-        m = self.b - self.a - len(self.skip_idx)
+        a = self.a
+        skipped = self.skipped
+        m = self.b - a - len(skipped)
         if m == 1:
-            key, pos = ordered[self._at(0)]
+            key, pos = ordered[_nth(ordered, a, skipped, 0)]
             return key + own, nodes[pos]
         i, j = _p2c(m, rng)
-        ki, pi = ordered[self._at(i)]
-        kj, pj = ordered[self._at(j)]
+        ki, pi = ordered[_nth(ordered, a, skipped, i)]
+        kj, pj = ordered[_nth(ordered, a, skipped, j)]
         if _less_loaded(nodes[pi], nodes[pj]):
             return kj + own, nodes[pj]
         return ki + own, nodes[pi]
+
+
+def _skipped(
+    failing: list[tuple[float, int]], extra: list[tuple[float, int] | None],
+    low: tuple[float, int], top: tuple[float, int],
+) -> list[tuple[float, int]]:
+    """The entries in ``(low, top]`` of ``failing`` (sorted) and ``extra``, sorted: the ones a
+    window ``seq[a:b]`` (``seq[a] == low``, ``seq[b - 1] == top``) holds but must skip."""
+    found = failing[bisect_right(failing, low):bisect_right(failing, top)]
+    if extra:
+        more = [e for e in extra if e is not None and low < e <= top]
+        if more:
+            found = sorted(found + more)
+    return found
+
+
+def _nth(seq: list[tuple[float, int]], a: int, skipped: list[tuple[float, int]], r: int) -> int:
+    """The index in ``seq`` of the ``r``-th entry from ``seq[a]`` on that is not in
+    ``skipped`` (entries of ``seq`` after ``seq[a]``, sorted)."""
+    idx = a + r
+    for entry in skipped:
+        if entry <= seq[idx]:
+            idx += 1
+        else:
+            break
+    return idx
 
 
 def sorted_by_registry(
@@ -310,25 +330,11 @@ def _indexed(
         b += 1
     while b > a + 1 and ordered[b - 1][0] + own_ms > hi:
         b -= 1
-    skip_idx: list[int] = []
-    top = ordered[b - 1]
-    for entry in fail.entries:
-        if entry > top:
-            break
-        k = bisect_left(ordered, entry, a, b)
-        if a < k < b:
-            skip_idx.append(k)
-    if extra:
-        for pos in extra:
-            own_entry = entries[pos]
-            if own_entry is not None and own_entry <= top:
-                k = bisect_left(ordered, own_entry, a, b)
-                if a < k < b:
-                    skip_idx.append(k)
-        skip_idx.sort()
+    skipped = _skipped(fail.entries, [entries[pos] for pos in extra] if extra else [],
+                       ordered[a], ordered[b - 1])
     skip = circuit.keys() | extra if extra else circuit.keys()
     util = (ix.sum_load - fail_load) / (ix.sum_cap - fail_cap)
-    return _IndexFound(ix, skip, skip_idx, a, b, best, util, own_ms, limit)
+    return _IndexFound(ix, skip, skipped, a, b, best, util, own_ms, limit)
 
 
 def _affinity_score(key: str, node_id: str) -> int:
@@ -442,44 +448,35 @@ class _RatioScan:
 
 
 class _RatioIndexed:
-    """An indexed family's least loaded viable nodes: ``by_ratio[a:]`` minus ``skip``."""
+    """An indexed family's least loaded viable nodes: ``by_ratio[a:]`` minus the failing and
+    the excluded nodes."""
 
-    __slots__ = ("a", "ix", "skip", "skip_idx")
+    __slots__ = ("a", "extra", "failing", "ix", "skipped")
 
-    def __init__(self, ix: FamilyIndex, a: int, skip: AbstractSet[int]) -> None:
+    def __init__(self, ix: FamilyIndex, a: int, failing: list[tuple[float, int]],
+                 extra: AbstractSet[int]) -> None:
         self.ix = ix
         self.a = a
-        self.skip = skip
-        self.skip_idx: list[int] = []
+        self.failing = failing
+        """The sorted ``by_ratio`` entries of the nodes failing checks 2-3."""
+        self.extra = extra
+        """The excluded nodes that pass checks 2-3."""
+        self.skipped: list[tuple[float, int]] = []
 
     def count(self, hi: float) -> int:
-        ix = self.ix
-        by_ratio = ix.by_ratio
+        by_ratio = self.ix.by_ratio
         a = self.a
         b = bisect_right(by_ratio, (hi, _INF), a)
         if b <= a:
             return 0
-        top = by_ratio[b - 1]
-        entries = ix.ratio_entries
-        idx: list[int] = []
-        for pos in self.skip:
-            entry = entries[pos]
-            if entry is not None and entry <= top:
-                k = bisect_left(by_ratio, entry, a, b)
-                if a < k < b:
-                    idx.append(k)
-        idx.sort()
-        self.skip_idx = idx
-        return b - a - len(idx)
+        entries = self.ix.ratio_entries
+        self.skipped = _skipped(self.failing, [entries[pos] for pos in self.extra],
+                                by_ratio[a], by_ratio[b - 1])
+        return b - a - len(self.skipped)
 
     def get(self, r: int) -> NodeView:
-        idx = self.a + r
-        for f in self.skip_idx:
-            if f <= idx:
-                idx += 1
-            else:
-                break
-        node: NodeView = self.ix.nodes[self.ix.by_ratio[idx][1]]
+        ix = self.ix
+        node: NodeView = ix.nodes[ix.by_ratio[_nth(ix.by_ratio, self.a, self.skipped, r)][1]]
         return node
 
 
@@ -517,12 +514,11 @@ def _indexed_least_loaded(
         a += 1
     if a >= size:
         entries = ix.ratio_entries
-        in_order = sum(1 for pos in circuit if entries[pos] is not None)
+        in_order = len(fail.ratio_entries)
         in_order += sum(1 for pos in extra if entries[pos] is not None)
         n_over = len(nodes) - size - (len(circuit) + len(extra) - in_order)
         return None, _INF, _family_reason(n_over, 0, n_circ, n_health, n_excl)
-    skip = circuit.keys() | extra if extra else circuit.keys()
-    return _RatioIndexed(ix, a, skip), by_ratio[a][0], ""
+    return _RatioIndexed(ix, a, fail.ratio_entries, extra), by_ratio[a][0], ""
 
 
 def _saving(fleet: FleetView, family: str, next_family: str | None) -> float:

@@ -61,12 +61,13 @@ class Failing:
     itself, and health changes only through the fleet (which bumps the version).
     """
 
-    __slots__ = ("cap", "circuit", "entries", "load", "n_circ", "n_health", "since",
-                 "threshold", "until", "version")
+    __slots__ = ("cap", "circuit", "entries", "load", "n_circ", "n_health", "ratio_entries",
+                 "since", "threshold", "until", "version")
 
     def __init__(self, threshold: float, version: int, since: float, until: float,
                  circuit: dict[int, bool], load: int, cap: int, n_circ: int, n_health: int,
-                 entries: list[tuple[float, int]]) -> None:
+                 entries: list[tuple[float, int]],
+                 ratio_entries: list[tuple[float, int]]) -> None:
         self.threshold: float = threshold
         self.version: int = version
         self.since: float = since
@@ -79,6 +80,8 @@ class Failing:
         self.n_health: int = n_health
         self.entries: list[tuple[float, int]] = entries
         """The failing nodes' entries in ``ordered``, sorted."""
+        self.ratio_entries: list[tuple[float, int]] = ratio_entries
+        """The failing nodes' entries in ``by_ratio``, sorted."""
 
 
 def failing_of(ix: FamilyIndex, now: float, threshold: float) -> Failing:
@@ -112,8 +115,10 @@ def failing_of(ix: FamilyIndex, now: float, threshold: float) -> Failing:
         load += node.load
         cap += node.max_concurrency
     failing_entries = sorted(e for e in (entries[p] for p in circuit) if e is not None)
+    ratios = ix.ratio_entries
+    failing_ratios = sorted(e for e in (ratios[p] for p in circuit) if e is not None)
     result = Failing(threshold, ix.version, since, until, circuit, load, cap, n_circ, n_health,
-                     failing_entries)
+                     failing_entries, failing_ratios)
     ix.failing = result
     return result
 
