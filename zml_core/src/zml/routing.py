@@ -391,7 +391,7 @@ def route(
         chain = (pinned_family,)
     else:
         chain = policy.accelerator_chain
-        if len(set(chain)) != len(chain):
+        if len(chain) > 1 and len(set(chain)) != len(chain):
             chain = tuple(dict.fromkeys(chain))
     target = policy.latency_target_ms
     if target is None:
@@ -408,7 +408,7 @@ def route(
     family_prior = getattr(fleet, "family_prior", None)
     family_index = getattr(fleet, "family_index", None)
     tokens = prompt_tokens if prompt_tokens > 0 else 0
-    walked: list[tuple[str, int, str | None]] = []  # (family, nodes_checked, reason)
+    walked: list[FamilyEvaluation] = []
     fallback: tuple[int, _ScanFound | _IndexFound] | None = None
     last = len(chain) - 1
 
@@ -433,7 +433,7 @@ def route(
             )
             found = _ScanFound(kept, best, util, own_ms, prior) if kept else reason
         if isinstance(found, str):
-            walked.append((family, checked, found))
+            walked.append(FamilyEvaluation(family, checked, found))
             continue
         if mode != "cost":
             ceiling = HIGH_WATER
@@ -443,20 +443,20 @@ def route(
             if found.util >= ceiling - _UTIL_ROUNDING:
                 if fallback is None:
                     fallback = (len(walked), found)
-                walked.append((family, checked, _ABOVE_HIGH_WATER))
+                walked.append(FamilyEvaluation(family, checked, _ABOVE_HIGH_WATER))
                 continue
-        walked.append((family, checked, None))
+        walked.append(FamilyEvaluation(family, checked, None))
         pred, node = found.choose(rng, affinity_key)
-        return Decision(node, family, pred, _trace(walked), _base(node, found))
+        return Decision(node, family, pred, tuple(walked), _base(node, found))
 
     if fallback is not None:
         index, found = fallback
         family, checked, _ = walked[index]
-        walked[index] = (family, checked, None)
+        walked[index] = FamilyEvaluation(family, checked, None)
         pred, node = found.choose(rng, affinity_key)
-        return Decision(node, family, pred, _trace(walked), _base(node, found))
+        return Decision(node, family, pred, tuple(walked), _base(node, found))
 
-    evaluated = _trace(walked)
+    evaluated = tuple(walked)
     return NoRoute(
         policy.name,
         evaluated,
@@ -470,10 +470,6 @@ def _base(node: NodeView, found: _ScanFound | _IndexFound) -> float:
     if base is None:
         return found.prior if isinstance(found, _ScanFound) else found.ix.prior
     return base
-
-
-def _trace(walked: list[tuple[str, int, str | None]]) -> tuple[FamilyEvaluation, ...]:
-    return tuple([FamilyEvaluation(f, n, r) for f, n, r in walked])
 
 
 def _route_without_policy(
