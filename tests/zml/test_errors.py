@@ -68,3 +68,21 @@ def test_retry_after_headers() -> None:
     # a date in the past: retry now (dates are covered in tests/zml/test_transport_retry_after.py)
     assert _retry_after(httpx2.Headers({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})) == 0.0
     assert _retry_after(httpx2.Headers({})) is None
+
+
+def test_credentials_are_read_from_a_requests_headers_as_from_a_mapping() -> None:
+    import httpx2
+
+    from zml.errors import credentials
+
+    sent = httpx2.Headers([
+        ("Host", "node"), ("Authorization", "Bearer sk-one"), ("API-Key", "azure-key"),
+        ("x-other", "not a secret"), ("Cookie", ""), ("Proxy-Authorization", "Basic cHJveHk="),
+    ])
+    assert credentials(sent) == ("sk-one", "azure-key", "cHJveHk=")
+    assert credentials(dict(sent.items())) == credentials(sent)
+    assert credentials(None) == ()
+    # Two Authorization headers are two credentials, each scrubbed on its own (a mapping
+    # would join them into one value).
+    assert credentials(httpx2.Headers([("authorization", "Bearer a"),
+                                       ("Authorization", "Bearer b")])) == ("a", "b")

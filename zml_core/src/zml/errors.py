@@ -385,22 +385,38 @@ or a node's key), and those a plugin (``zml_request_headers``) or an ``http_clie
 headers may add, as Azure's ``api-key``."""
 
 
+_CREDENTIAL_HEADER_BYTES = frozenset(name.encode() for name in CREDENTIAL_HEADERS)
+
+
 def credentials(headers: Mapping[str, str] | None) -> tuple[str, ...]:
     """The credentials in ``headers`` (:data:`CREDENTIAL_HEADERS`): for ``Authorization``
     (``Bearer <key>``) the key, for the others the whole value; () when there are none."""
     if headers is None:
         return ()
     found: list[str] = []
+    raw = getattr(headers, "raw", None)
+    if isinstance(raw, list):
+        # httpx2.Headers (what every request zml sends carries): read its bytes, and decode
+        # only the credentials (its items() decodes every header, about 8 us a request here).
+        encoding: str = getattr(headers, "encoding", "ascii")
+        for name, value in raw:
+            lowered_b = name.lower()
+            if lowered_b in _CREDENTIAL_HEADER_BYTES and value:
+                _add_credential(found, lowered_b.decode(), value.decode(encoding))
+        return tuple(found)
     for name, value in headers.items():
         lowered = name.lower()
-        if lowered not in CREDENTIAL_HEADERS or not value:
-            continue
-        if lowered.endswith("authorization"):
-            scheme, _, credential = value.partition(" ")
-            found.append(credential.strip() or scheme)
-        else:
-            found.append(value)
+        if lowered in CREDENTIAL_HEADERS and value:
+            _add_credential(found, lowered, value)
     return tuple(found)
+
+
+def _add_credential(found: list[str], lowered: str, value: str) -> None:
+    if lowered.endswith("authorization"):
+        scheme, _, credential = value.partition(" ")
+        found.append(credential.strip() or scheme)
+    else:
+        found.append(value)
 
 
 def scrub(exc: BaseException, secrets: tuple[str, ...]) -> None:
