@@ -147,9 +147,11 @@ def test_the_zml_entry_points_are_those_importlib_selects(
             (info / "entry_points.txt").write_text(text)
     monkeypatch.syspath_prepend(str(tmp_path / "later"))
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    found = [(ep.name, ep.value, ep.group) for ep in _group_entry_points()]
+    entry_points = _group_entry_points()
+    found = [(ep.name, ep.value, ep.group) for ep, _ in entry_points]
     assert found == [(ep.name, ep.value, ep.group)
                      for ep in metadata.entry_points(group="zml")]
+    assert entry_points[0][1] == "epmixed"  # with its distribution's name
     assert found[0] == ("mixed", "mixed_plugin", "zml")
     assert "shadowed" not in {name for name, _, _ in found}
     assert {"policy_sqlite", "redis"} <= {name for name, _, _ in found}  # the installed ones

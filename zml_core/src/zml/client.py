@@ -36,6 +36,7 @@ from .errors import NodeError
 from .fleet import Fleet
 from .policy import PolicyRef
 from .transport import (
+    PostRequests,
     aread_body,
     aread_error_body,
     check_status,
@@ -108,6 +109,7 @@ class Client(BaseClient):
             check_probe_interval(probe_interval_s)
         self._own_http = http_client is None
         self._http = http_client or sync_http_client(_LIMITS)
+        self._posts = PostRequests(self._http)
         self._probing = False
         self._probe_stop = threading.Event()
         self._probe_interval_s = probe_interval_s
@@ -212,7 +214,7 @@ class Client(BaseClient):
         self._probe_on_first_use()
         from .streaming import Stream
 
-        return Stream(call, self._http, self._wait, self._watchdog, self._target)
+        return Stream(call, self._http, self._wait, self._watchdog, self._request)
 
     def _post(self, call: Call, step: Step) -> dict[str, Any]:
         node_id = step.node.id
@@ -220,9 +222,7 @@ class Client(BaseClient):
         watch: Watch | None = None
         r: httpx2.Response | None = None
         try:
-            url, headers = self._target(call, step)
-            request = self._http.build_request("POST", url, content=call.body, headers=headers,
-                                               extensions={"timeout": step.timeout})
+            request = self._request(call, step)
             step.sent_headers = request.headers
             # Neither the headers nor a dripped body outlast the deadline, and close() can
             # cut the call short (an endless watch when there is no deadline).
@@ -315,6 +315,7 @@ class AsyncClient(BaseClient):
         super().__init__(api_key, config, timeout, max_attempts, fleet)
         self._own_http = http_client is None
         self._http = http_client or async_http_client(_LIMITS)
+        self._posts = PostRequests(self._http)
         # Imported here, not with the module: the sync client needs neither (nor asyncio).
         from .probe import Prober
         from .streaming import AsyncStream
@@ -363,7 +364,7 @@ class AsyncClient(BaseClient):
         ``async with``). See :meth:`Client.infer_stream`.
         """
         call = self._call(model, messages, policy, accelerator, params, True, metadata, timeout)
-        return self._stream_type(call, self._http, self._wait, self._deadlines, self._target,
+        return self._stream_type(call, self._http, self._wait, self._deadlines, self._request,
                                  self._start_probing)
 
     async def _post(self, call: Call, step: Step) -> dict[str, Any]:
@@ -372,9 +373,7 @@ class AsyncClient(BaseClient):
         watch: Watch | None = None
         r: httpx2.Response | None = None
         try:
-            url, headers = self._target(call, step)
-            request = self._http.build_request("POST", url, content=call.body, headers=headers,
-                                               extensions={"timeout": step.timeout})
+            request = self._request(call, step)
             step.sent_headers = request.headers
             # Neither the headers nor a dripped body outlast the deadline, and close() can
             # cut the call short (an endless watch when there is no deadline).

@@ -27,7 +27,7 @@ from .errors import (
 )
 from .fleet import Fleet
 from .policy import Policy, PolicyRef, resolve_policy
-from .transport import map_transport_error, still_sending
+from .transport import PostRequests, map_transport_error, still_sending
 from .types import ChatCompletion, RoutingInfo
 from .validation import check_timeout
 from .watchdog import Watch
@@ -137,17 +137,21 @@ class BaseClient:
         if fleet is None:
             self.fleet.ledger = slot_ledger(self._plugins, self.fleet, registry)
         self._urls: dict[str, httpx2.URL] = {}
+        self._posts: PostRequests
+        """Set by the subclass, with its HTTP client."""
 
-    def _target(self, call: Call, step: Step) -> tuple[httpx2.URL, dict[str, str]]:
-        """Where ``step`` is sent, and with which headers.
+    def _request(self, call: Call, step: Step) -> httpx2.Request:
+        """``step``'s request: the call's body, to its node, with its headers.
 
         The node's URL is parsed once per client (one entry per node it sends to): httpx2
-        parses a string URL on every request, about 10 µs.
+        parses a string URL on every request, about 10 µs. The headers are merged with the
+        HTTP client's defaults once per header dict (:class:`zml.transport.PostRequests`).
         """
         url = self._urls.get(step.url)
         if url is None:
             url = self._urls[step.url] = httpx2.URL(step.url)
-        return url, call.headers_for(step)
+        headers, reuse = call.headers_for(step)
+        return self._posts.build(url, call.body, headers, step.timeout, reuse=reuse)
 
     def __repr__(self) -> str:
         reg = self._dispatcher.registry

@@ -28,8 +28,8 @@ from .watchdog import LoopWatchdog, Watch, Watchdog
 
 __all__ = ["StreamAttempt", "StreamExpired", "Target", "open_async", "open_sync", "read_next"]
 
-Target = Callable[[Call, Step], "tuple[httpx2.URL, dict[str, str]]"]
-"""Where an attempt is sent and with which headers (the client's ``_target``)."""
+Target = Callable[[Call, Step], httpx2.Request]
+"""An attempt's request: its body, to its node, with its headers (the client's ``_request``)."""
 
 
 class StreamExpired(Exception):
@@ -69,13 +69,10 @@ class StreamAttempt:
         if watch is not None:
             watch.end()
 
-    def request(self, http: httpx2.Client | httpx2.AsyncClient, target: Target,
-                dog: Watchdog | LoopWatchdog) -> httpx2.Request:
+    def request(self, target: Target, dog: Watchdog | LoopWatchdog) -> httpx2.Request:
         """The attempt's request, watched until the first token or the deadline from now on,
         before it is sent."""
-        url, headers = target(self.call, self.step)
-        request = http.build_request("POST", url, content=self.call.body, headers=headers,
-                                     extensions={"timeout": self.step.timeout})
+        request = target(self.call, self.step)
         self.step.sent_headers = request.headers
         until = self.opening_until()  # none: an endless watch, which the client's close ends
         self.watch = dog.watch(math.inf if until is None else until, request)
@@ -191,7 +188,7 @@ def open_sync(call: Call, http: httpx2.Client, wait: Callable[[Wait], None],
         op = StreamAttempt(call, step)
         clock = call.d.clock
         try:
-            request = op.request(http, target, watchdog)
+            request = op.request(target, watchdog)
             response = http.send(request, stream=True)
             op.arrived(response)
             if response.status_code >= 300:  # an error, or a redirect zml does not follow
@@ -227,7 +224,7 @@ async def open_async(call: Call, http: httpx2.AsyncClient,
         op = call.opening = StreamAttempt(call, step)  # what AsyncStream.aclose() stops
         clock = call.d.clock
         try:
-            request = op.request(http, target, deadlines)
+            request = op.request(target, deadlines)
             response = await http.send(request, stream=True)
             op.arrived(response)
             if response.status_code >= 300:  # an error, or a redirect zml does not follow

@@ -39,6 +39,7 @@ __all__ = [
     "MAX_ERROR_BODY_BYTES",
     "MAX_JSON_DEPTH",
     "RETRY_AFTER_MAX_S",
+    "PostRequests",
     "StreamDecoder",
     "aread_body",
     "aread_error_body",
@@ -96,6 +97,42 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
 
 
 # --- failures -------------------------------------------------------------------------------
+
+class PostRequests:
+    """Builds one client's POST requests to its nodes: what ``http.build_request`` builds, with
+    the merged headers kept for each header dict that the client sends again and again.
+
+    ``build_request`` merges the HTTP client's default headers with the request's on every
+    call (about 20 us a request on this project's machine); a zml client sends the same few
+    header dicts (its key's, each node's own) on every request, so their merge is kept, and
+    checked against the HTTP client's current defaults on each use. What ``build_request``
+    would add beyond that goes through it: an HTTP client's cookies or query parameters, and
+    header dicts made for one request (``reuse=False``: a plugin's trace context).
+    """
+
+    __slots__ = ("_http", "_merged")
+
+    def __init__(self, http: httpx2.Client | httpx2.AsyncClient) -> None:
+        self._http = http
+        self._merged: dict[int, tuple[Mapping[str, str], list[tuple[bytes, bytes]],
+                                      httpx2.Headers]] = {}
+
+    def build(self, url: httpx2.URL, body: bytes, headers: Mapping[str, str],
+              timeout: Mapping[str, float | None], *, reuse: bool) -> httpx2.Request:
+        """The POST of ``body`` to ``url`` with ``headers`` and the ``timeout`` extension."""
+        http = self._http
+        if not reuse or http.cookies or http.params or url.is_relative_url:
+            return http.build_request("POST", url, content=body, headers=headers,
+                                      extensions={"timeout": timeout})
+        defaults = http.headers.raw
+        kept = self._merged.get(id(headers))
+        if kept is None or kept[0] is not headers or kept[1] != defaults:
+            merged = httpx2.Headers(http.headers)
+            merged.update(headers)
+            kept = self._merged[id(headers)] = (headers, defaults, merged)
+        return httpx2.Request("POST", url, content=body, headers=kept[2],
+                              extensions={"timeout": timeout})
+
 
 def map_transport_error(exc: httpx2.HTTPError, node_id: str) -> NodeError:
     """A typed zml error for an httpx2 transport failure on ``node_id``.

@@ -111,18 +111,20 @@ class Call:
         """Headers sent with every attempt (authorization) to nodes without a key of their own."""
         return self.d.headers
 
-    def headers_for(self, step: Step) -> dict[str, str]:
+    def headers_for(self, step: Step) -> tuple[dict[str, str], bool]:
         """The headers for ``step``'s node: its own key (``api_key_env``) or the client's,
-        plus what plugins add through ``zml_request_headers`` (a trace context)."""
+        plus what plugins add through ``zml_request_headers`` (a trace context); and whether
+        they are the client's own dict, sent again on other requests (False: made for this
+        request)."""
         base = self.d.node_headers.get(step.node.id, self.d.headers)
         pm = self.d.effects.plugins
         if pm is None or not pm.wanted("zml_request_headers"):
-            return base
+            return base, True
         added: dict[str, str] = {}
         pm.call("zml_request_headers", {"call": self.view, "routing": step.routing,
                                         "headers": added, "metadata": self.request.metadata})
         if not added:
-            return base
+            return base, True
         merged = {k: v for k, v in added.items() if _header_ok(k, v)}
         if len(merged) < len(added):
             self._refuse_headers(pm, {k: v for k, v in added.items() if k not in merged})
@@ -130,7 +132,7 @@ class Call:
         for name in [k for k in merged if k.lower() in lowered]:
             del merged[name]
         merged.update(base)
-        return merged
+        return merged, False
 
     def _refuse_headers(self, pm: Any, bad: dict[Any, Any]) -> None:
         # Logged like a plugin's exception (once, then at DEBUG); the request goes on without

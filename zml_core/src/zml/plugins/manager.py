@@ -356,8 +356,9 @@ def _wanted(environ: Mapping[str, str]) -> tuple[bool, frozenset[str] | None]:
     return autoload, frozenset(n.strip() for n in listed.split(",") if n.strip())
 
 
-def _group_entry_points() -> list[metadata.EntryPoint]:
-    """The installed entry points of group ``zml``, first distribution on the path first.
+def _group_entry_points() -> list[tuple[metadata.EntryPoint, str]]:
+    """The installed entry points of group ``zml``, first distribution on the path first, each
+    with the name of its distribution ("" when its METADATA cannot be read).
 
     Each distribution's ``entry_points.txt`` is read, and only a file with a ``[zml]`` section
     is parsed into entry points: ``entry_points(group=...)`` parses every file (every console
@@ -366,7 +367,7 @@ def _group_entry_points() -> list[metadata.EntryPoint]:
     (reading every installed package's costs about 0.1 s with 150 packages).
     """
     header = f"[{GROUP}]"
-    found: list[metadata.EntryPoint] = []
+    found: list[tuple[metadata.EntryPoint, str]] = []
     seen: set[str] = set()
     for dist in metadata.distributions():
         text = dist.read_text("entry_points.txt")
@@ -374,12 +375,13 @@ def _group_entry_points() -> list[metadata.EntryPoint]:
             continue
         # A distribution installed twice on the path counts once, first copy first (as in
         # entry_points()); its name is read only here, for the few that declare zml plugins.
-        name = re.sub(r"[-_.]+", "-", _metadata_name(dist)).lower()
+        dist_name = _metadata_name(dist)
+        name = re.sub(r"[-_.]+", "-", dist_name).lower()
         if name in seen:
             continue
         if name:
             seen.add(name)
-        found.extend(ep for ep in dist.entry_points if ep.group == GROUP)
+        found.extend((ep, dist_name) for ep in dist.entry_points if ep.group == GROUP)
     return found
 
 
@@ -389,12 +391,6 @@ def _metadata_name(dist: metadata.Distribution) -> str:
         return str(dist.metadata["Name"] or "")
     except Exception:  # a broken METADATA file must not stop the other plugins
         return ""
-
-
-def _dist_name(ep: metadata.EntryPoint) -> str:
-    """The name of the distribution that declares ``ep`` ("" when unknown)."""
-    dist = getattr(ep, "dist", None)
-    return "" if dist is None else _metadata_name(dist)
 
 
 def discover(
@@ -411,10 +407,9 @@ def discover(
     if not autoload and not only:
         return []
     found: dict[str, tuple[metadata.EntryPoint, str]] = {}
-    for ep in _group_entry_points():
+    for ep, dist_name in _group_entry_points():
         if ep.name in found:
             continue
-        dist_name = _dist_name(ep)
         if only is not None and ep.name not in only and dist_name not in only:
             continue
         found[ep.name] = (ep, dist_name)
