@@ -72,6 +72,23 @@ def test_one_merge_per_header_dict() -> None:
             same(posts.build(URL, BODY, headers, TIMEOUT, reuse=True), expected(http, headers))
 
 
+def test_one_merge_per_node() -> None:
+    with httpx2.Client() as http:
+        posts = PostRequests(http)
+        for url in (URL, httpx2.URL("http://[::1]:8001/v1/chat/completions"), URL):
+            built = posts.build(url, BODY, HEADERS, TIMEOUT, reuse=True)
+            same(built, http.build_request("POST", url, content=BODY, headers=HEADERS,
+                                           extensions={"timeout": TIMEOUT}))
+            assert built.headers.raw[0] == (b"Host", url.netloc)
+
+
+@pytest.mark.parametrize("default", [{"Host": "front.example"}, {"Transfer-Encoding": "chunked"},
+                                     {"Content-Length": "7"}])
+def test_a_client_that_sets_what_a_request_adds_itself(default: dict[str, str]) -> None:
+    with httpx2.Client(headers=default) as http:
+        same(PostRequests(http).build(URL, BODY, HEADERS, TIMEOUT, reuse=True), expected(http))
+
+
 def test_cookies_and_query_parameters_of_the_http_client_are_sent() -> None:
     with httpx2.Client(cookies={"session": "abc"}, params={"api-version": "2024-06-01"}) as http:
         built = PostRequests(http).build(URL, BODY, HEADERS, TIMEOUT, reuse=True)

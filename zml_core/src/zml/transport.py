@@ -103,19 +103,24 @@ class PostRequests:
     the merged headers kept for each header dict that the client sends again and again.
 
     ``build_request`` merges the HTTP client's default headers with the request's on every
-    call (about 20 us a request on this project's machine); a zml client sends the same few
-    header dicts (its key's, each node's own) on every request, so their merge is kept, and
-    checked against the HTTP client's current defaults on each use. What ``build_request``
-    would add beyond that goes through it: an HTTP client's cookies or query parameters, and
-    header dicts made for one request (``reuse=False``: a plugin's trace context).
+    call, and ``httpx2.Request(content=...)`` then looks each default header up again: 37-54
+    us a request on this project's machine. A zml client sends the same few header dicts (its
+    key's, each node's own) to the same nodes again and again, so their merge is kept per
+    header dict and node, with the ``Host`` header ``Request`` would put first, and checked
+    against the HTTP client's current defaults on each use; a request copies it and adds the
+    body's ``Content-Length`` last, as ``Request`` does. What ``build_request`` would add
+    beyond that goes through it: an HTTP
+    client's cookies or query parameters, header dicts made for one request (``reuse=False``:
+    a plugin's trace context), and a merge that sets ``Host`` or the body's length itself.
     """
 
     __slots__ = ("_http", "_merged")
 
     def __init__(self, http: httpx2.Client | httpx2.AsyncClient) -> None:
         self._http = http
-        self._merged: dict[int, tuple[Mapping[str, str], list[tuple[bytes, bytes]],
-                                      httpx2.Headers]] = {}
+        self._merged: dict[tuple[int, bytes], tuple[Mapping[str, str],
+                                                    list[tuple[bytes, bytes]],
+                                                    httpx2.Headers | None]] = {}
 
     def build(self, url: httpx2.URL, body: bytes, headers: Mapping[str, str],
               timeout: Mapping[str, float | None], *, reuse: bool) -> httpx2.Request:
@@ -125,13 +130,27 @@ class PostRequests:
             return http.build_request("POST", url, content=body, headers=headers,
                                       extensions={"timeout": timeout})
         defaults = http.headers.raw
-        kept = self._merged.get(id(headers))
+        key = (id(headers), url.netloc)
+        kept = self._merged.get(key)
         if kept is None or kept[0] is not headers or kept[1] != defaults:
             merged = httpx2.Headers(http.headers)
             merged.update(headers)
-            kept = self._merged[id(headers)] = (headers, defaults, merged)
-        return httpx2.Request("POST", url, content=body, headers=kept[2],
-                              extensions={"timeout": timeout})
+            head = None
+            if not any(name in merged for name in _AUTO_HEADERS):
+                head = httpx2.Headers([(b"Host", url.netloc), *merged.raw])
+            kept = self._merged[key] = (headers, defaults, head)
+        if kept[2] is None or not body:
+            return http.build_request("POST", url, content=body, headers=headers,
+                                      extensions={"timeout": timeout})
+        request = httpx2.Request("POST", url, headers=kept[2], stream=httpx2.ByteStream(body),
+                                 extensions={"timeout": timeout})
+        request.headers["Content-Length"] = str(len(body))
+        request.read()  # as Request(content=...) does: request.content is there to read
+        return request
+
+
+_AUTO_HEADERS = ("host", "content-length", "transfer-encoding")
+"""Headers ``httpx2.Request`` adds to a request that does not set them."""
 
 
 def map_transport_error(exc: httpx2.HTTPError, node_id: str) -> NodeError:
