@@ -110,6 +110,8 @@ def test_indexed_decisions_equal_the_scan(
             fresh = routing_index.FamilyIndex(ix.nodes, ix.prior, fleet.family_prior(family)[1])
             assert ix.ordered == fresh.ordered
             assert ix.entries == fresh.entries
+            assert ix.by_ratio == fresh.by_ratio
+            assert ix.ratio_entries == fresh.ratio_entries
             assert ix.suspects == fresh.suspects
             assert (ix.sum_load, ix.sum_cap) == (fresh.sum_load, fresh.sum_cap)
         for policy in pols:

@@ -172,25 +172,29 @@ class FamilyIndex:
         """Bring node ``pos``'s entries up to date with its state (call under the fleet lock)."""
         node = self.nodes[pos]
         old = self.entries[pos]
-        if old is not None:
-            ordered = self.ordered
-            del ordered[bisect_left(ordered, old)]
-            old_ratio = self.ratio_entries[pos]
-            assert old_ratio is not None  # both entries exist together
-            by_ratio = self.by_ratio
-            del by_ratio[bisect_left(by_ratio, old_ratio)]
+        old_ratio = self.ratio_entries[pos]
         load = node.load
         self.sum_load += load - self.loads[pos]
         self.loads[pos] = load
         mc = node.max_concurrency
         if mc > 0 and load < mc + node.max_queue:
+            # (an entry that did not change stays where it is: a success changes no load)
             entry = (base_key(node, self.prior, self.ms_per_token), pos)
-            insort(self.ordered, entry)
-            self.entries[pos] = entry
+            if entry != old:
+                if old is not None:
+                    del self.ordered[bisect_left(self.ordered, old)]
+                insort(self.ordered, entry)
+                self.entries[pos] = entry
             ratio = (load / mc, pos)
-            insort(self.by_ratio, ratio)
-            self.ratio_entries[pos] = ratio
-        else:
+            if ratio != old_ratio:
+                if old_ratio is not None:
+                    del self.by_ratio[bisect_left(self.by_ratio, old_ratio)]
+                insort(self.by_ratio, ratio)
+                self.ratio_entries[pos] = ratio
+        elif old is not None:
+            del self.ordered[bisect_left(self.ordered, old)]
+            assert old_ratio is not None  # both entries exist together
+            del self.by_ratio[bisect_left(self.by_ratio, old_ratio)]
             self.entries[pos] = None
             self.ratio_entries[pos] = None
         suspects = self.suspects
