@@ -96,8 +96,6 @@ def encode_body(body: Mapping[str, Any]) -> bytes:
     return encode_json(body)
 
 
-# --- failures -------------------------------------------------------------------------------
-
 class PostRequests:
     """Builds one client's POST requests to its nodes: what ``http.build_request`` builds, with
     the merged headers kept for each header dict that the client sends again and again.
@@ -109,9 +107,9 @@ class PostRequests:
     header dict and node, with the ``Host`` header ``Request`` would put first, and checked
     against the HTTP client's current defaults on each use; a request copies it and adds the
     body's ``Content-Length`` last, as ``Request`` does. What ``build_request`` would add
-    beyond that goes through it: an HTTP
-    client's cookies or query parameters, header dicts made for one request (``reuse=False``:
-    a plugin's trace context), and a merge that sets ``Host`` or the body's length itself.
+    beyond that goes through it: an HTTP client's cookies or query parameters, header dicts
+    made for one request (``reuse=False``: a plugin's trace context), and a merge that sets
+    ``Host`` or the body's length itself.
     """
 
     __slots__ = ("_http", "_merged")
@@ -152,6 +150,8 @@ class PostRequests:
 _AUTO_HEADERS = ("host", "content-length", "transfer-encoding")
 """Headers ``httpx2.Request`` adds to a request that does not set them."""
 
+
+# --- failures -------------------------------------------------------------------------------
 
 def map_transport_error(exc: httpx2.HTTPError, node_id: str) -> NodeError:
     """A typed zml error for an httpx2 transport failure on ``node_id``.
