@@ -38,6 +38,8 @@ from .routing_types import (
 
 __all__ = ["affinity_bound", "prompt_tokens_from_chars"]
 
+_NONE: frozenset[int] = frozenset()
+
 def _family_reason(n_over: int, n_lat: int, n_circ: int, n_health: int, n_excl: int) -> str:
     # Most frequent reason; ties go to the earlier one in this order.
     reason = _OVER
@@ -245,7 +247,10 @@ def _skipped(
 ) -> list[tuple[float, int]]:
     """The entries in ``(low, top]`` of ``failing`` (sorted) and ``extra``, sorted: the ones a
     window ``seq[a:b]`` (``seq[a] == low``, ``seq[b - 1] == top``) holds but must skip."""
-    found = failing[bisect_right(failing, low):bisect_right(failing, top)]
+    if not failing or failing[-1] <= low or failing[0] > top:
+        found: list[tuple[float, int]] = []
+    else:
+        found = failing[bisect_right(failing, low):bisect_right(failing, top)]
     if extra:
         more = [e for e in extra if e is not None and low < e <= top]
         if more:
@@ -292,8 +297,9 @@ def _indexed(
     fail_load = fail.load
     fail_cap = fail.cap
     n_excl = 0
-    extra: set[int] = set()  # excluded nodes that pass checks 2-3
+    extra: AbstractSet[int] = _NONE  # excluded nodes that pass checks 2-3
     if exclude:
+        extra = excluded = set()
         by_id = ix.by_id
         for node_id in exclude:
             pos = by_id.get(node_id)
@@ -305,7 +311,7 @@ def _indexed(
                 node = nodes[pos]
                 fail_load += node.load
                 fail_cap += node.max_concurrency
-                extra.add(pos)
+                excluded.add(pos)
             elif failed:
                 n_circ -= 1  # check 1 comes first: it counts as excluded
             else:
