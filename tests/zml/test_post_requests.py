@@ -42,6 +42,21 @@ def test_a_plain_client(reuse: bool) -> None:
             same(posts.build(URL, BODY, HEADERS, TIMEOUT, reuse=reuse), expected(http))
 
 
+def test_a_reused_header_dict_does_not_go_through_build_request(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The point of PostRequests: the kept merge is used, not httpx2's per-request one.
+    with httpx2.Client() as http:
+        want = expected(http)
+        posts = PostRequests(http)
+
+        def refuse(*args: object, **kwargs: object) -> httpx2.Request:
+            raise AssertionError("build_request was called for a reused header dict")
+
+        monkeypatch.setattr(http, "build_request", refuse)
+        for _ in range(2):
+            same(posts.build(URL, BODY, HEADERS, TIMEOUT, reuse=True), want)
+
+
 def test_default_headers_are_merged_and_followed_when_they_change() -> None:
     with httpx2.Client(headers={"User-Agent": "team-app", "X-Team": "search",
                                 "Authorization": "Bearer default"}) as http:

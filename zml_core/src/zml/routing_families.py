@@ -39,6 +39,8 @@ from .routing_types import (
 __all__ = ["affinity_bound", "prompt_tokens_from_chars"]
 
 _NONE: frozenset[int] = frozenset()
+"""No excluded nodes (a decision without exclusions builds no set)."""
+
 
 def _family_reason(n_over: int, n_lat: int, n_circ: int, n_health: int, n_excl: int) -> str:
     # Most frequent reason; ties go to the earlier one in this order.
@@ -336,8 +338,8 @@ def _indexed(
         b += 1
     while b > a + 1 and ordered[b - 1][0] + own_ms > hi:
         b -= 1
-    skipped = _skipped(fail.entries, [entries[pos] for pos in extra] if extra else [],
-                       ordered[a], ordered[b - 1])
+    skipped = _skipped(fail.entries, [entries[pos] for pos in extra], ordered[a],
+                       ordered[b - 1])
     skip = circuit.keys() | extra if extra else circuit.keys()
     util = (ix.sum_load - fail_load) / (ix.sum_cap - fail_cap)
     return _IndexFound(ix, skip, skipped, a, b, best, util, own_ms, limit)
@@ -498,8 +500,9 @@ def _indexed_least_loaded(
     n_circ = fail.n_circ
     n_health = fail.n_health
     n_excl = 0
-    extra: set[int] = set()
+    extra: AbstractSet[int] = _NONE  # excluded nodes that pass checks 2-3
     if exclude:
+        extra = excluded = set()
         by_id = ix.by_id
         for node_id in exclude:
             pos = by_id.get(node_id)
@@ -508,7 +511,7 @@ def _indexed_least_loaded(
             n_excl += 1
             failed = circuit.get(pos)
             if failed is None:
-                extra.add(pos)
+                excluded.add(pos)
             elif failed:
                 n_circ -= 1
             else:
