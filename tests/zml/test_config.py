@@ -11,6 +11,7 @@ import zml
 from zml.config import (
     AcceleratorConfig,
     FaultConfig,
+    Registry,
     SimConfig,
     SimProfileConfig,
     discover_path,
@@ -129,6 +130,28 @@ def test_default_registry_is_the_discovered_file_and_no_client_changes_it(
     # an edit of the discovered file is picked up
     write(tmp_path, GOOD.replace("MI300X", "L4"))
     assert list(default_registry().families) == ["H100", "L4"]
+
+
+def test_default_registry_follows_every_version_of_the_file_with_fleet_sources(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With a fleet-source plugin, the default registry is a new object built from the file's.
+    # Versions of the file read in between (by a client) must not leave it stale: the cache
+    # was once keyed by the file registry's id(), which a later version's registry reused.
+    import zml.plugins.fleet_sources as fleet_sources
+
+    def with_plugin_nodes(pm: object, file_registry: Registry) -> Registry:
+        return file_registry.with_additions({}, [], origin="a test fleet source")
+
+    versions: list[Registry] = []
+    monkeypatch.setattr(fleet_sources, "build_registry", with_plugin_nodes)
+    monkeypatch.setattr(fleet_sources, "discovered_registry", lambda: versions[-1])
+    for version in range(100):
+        family = f"F{version}"
+        # the file's newest version only is kept (as zml.config's file cache does)
+        versions[:] = [Registry(families={family: AcceleratorConfig()})]
+        if version % 2 == 0:  # odd versions are read by clients, never asked for here
+            assert list(default_registry().families) == [family]
 
 
 def test_suggest_finds_a_typo_or_a_case_mismatch_in_any_iterable() -> None:

@@ -180,7 +180,7 @@ def test_the_build_timeout_is_short_and_documented() -> None:
     assert BUILD_TIMEOUT_S < 1.0 and BUILD_TIMEOUT_MAX_S <= 1.0
     assert Settings(url="redis://h:1/0").build_timeout_s == BUILD_TIMEOUT_S
     assert Settings(url="redis://h:1/0", timeout_s=0.6).build_timeout_s == 0.6
-    assert Settings(url="redis://h:1/0", timeout_s=1e6).build_timeout_s == BUILD_TIMEOUT_MAX_S
+    assert Settings(url="redis://h:1/0", timeout_s=2.0).build_timeout_s == BUILD_TIMEOUT_MAX_S
 
 
 async def test_an_async_client_built_while_redis_is_paused_degrades(

@@ -125,6 +125,52 @@ def test_the_documented_ranges_are_the_enforced_ones() -> None:
     assert (LEASE_TTL_MAX_S, SYNC_MAX_S, URL_TIMEOUT_MAX_S) == (3600, 60, 60)
 
 
+@pytest.mark.parametrize(("field", "value", "problem"), [
+    ("lease_ttl_s", 1e15, "must be at most 3600"),
+    ("lease_ttl_s", 0.0, "must be at least 0.2"),
+    ("timeout_s", 1e6, "must be at most 2"),
+    ("timeout_s", 0.0001, "must be at least 0.001"),
+    ("sync_s", float("nan"), "must be a finite number"),
+    ("sync_s", float("inf"), "must be a finite number"),
+    ("sync_s", "1", "is not a number"),
+    ("lease_ttl_s", True, "is not a number"),
+    ("prefix", "", "is not a non-empty string"),
+    ("prefix", None, "is not a non-empty string"),
+    ("ledger", "no", "is not a bool"),
+])
+def test_settings_built_in_code_are_held_to_the_same_ranges(
+    field: str, value: object, problem: str
+) -> None:
+    with pytest.raises(SettingsError, match=f"Settings\\({field}=.*\\) {problem}") as info:
+        Settings(url="redis://:SECRETPW@h:1/0", **{field: value})  # type: ignore[arg-type]
+    assert info.value.field == field
+    assert isinstance(info.value, zml.PolicyConfigError)
+    assert "SECRETPW" not in str(info.value)
+
+
+def test_settings_built_in_code_accept_the_ends_of_each_range() -> None:
+    low = Settings(url="redis://h:1/0", lease_ttl_s=0.2, timeout_s=0.001, sync_s=0.01)
+    high = Settings(url="redis://h:1/0", lease_ttl_s=3600, timeout_s=2, sync_s=60)
+    assert (low.lease_ttl_ms, high.lease_ttl_ms) == (200, 3_600_000)
+
+
+@pytest.mark.parametrize("url", [b"redis://h:1/0", "http://:SECRETPW@h:1", "redis://h:0/0"])
+def test_settings_built_in_code_check_the_url(url: object) -> None:
+    with pytest.raises(SettingsError) as info:
+        Settings(url=url)  # type: ignore[arg-type]
+    assert info.value.field == "url" and "SECRETPW" not in str(info.value)
+
+
+@pytest.mark.parametrize("timeout_s", [0, -1, float("nan"), 1e12, "2", True])
+def test_a_policy_store_timeout_out_of_range_is_refused(timeout_s: object) -> None:
+    from zml_redis import PolicyStore
+
+    with pytest.raises(SettingsError, match=r"PolicyStore\(timeout_s=.*\) is not a number of "
+                                            "seconds above 0 and at most 60") as info:
+        PolicyStore("redis://h:1/0", timeout_s=timeout_s)  # type: ignore[arg-type]
+    assert info.value.field == "timeout_s"
+
+
 @pytest.mark.parametrize("query", ["socket_timeout=1e12", "socket_timeout=60.5",
                                    "socket_connect_timeout=1e15"])
 def test_a_url_timeout_beyond_a_minute_is_refused(query: str) -> None:

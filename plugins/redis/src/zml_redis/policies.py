@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -46,7 +47,7 @@ import zml
 
 from . import scripts
 from .hub import Hub
-from .settings import Settings, check_url
+from .settings import URL_TIMEOUT_MAX_S, Settings, SettingsError
 
 __all__ = ["CorruptStoreError", "PolicyStore", "RedisPolicySource", "Snapshot", "StoreError"]
 
@@ -145,9 +146,17 @@ class PolicyStore:
     """
 
     def __init__(self, url: str, prefix: str = "zml", timeout_s: float = 2.0) -> None:
-        """Connect lazily to ``url``; a URL redis-py cannot use raises
-        :class:`~zml_redis.settings.SettingsError` (never showing its password)."""
-        self.settings = Settings(url=check_url(url, "url"), prefix=prefix)
+        """Connect lazily to ``url``; a URL redis-py cannot use, an empty ``prefix`` or a
+        ``timeout_s`` that is not a number of seconds above 0 and at most
+        :data:`~zml_redis.settings.URL_TIMEOUT_MAX_S` raises
+        :class:`~zml_redis.settings.SettingsError` (never showing the password)."""
+        self.settings = Settings(url=url, prefix=prefix)
+        if (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                or not (math.isfinite(timeout_s) and 0 < timeout_s <= URL_TIMEOUT_MAX_S)):
+            raise SettingsError(
+                f"PolicyStore(timeout_s={timeout_s!r}) is not a number of seconds above 0 and "
+                f"at most {URL_TIMEOUT_MAX_S:g}: pass one (the default is 2)",
+                field="timeout_s", value=repr(timeout_s))
         self.client = redis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0), decode_responses=True,

@@ -49,7 +49,8 @@ timeout that is not a number of seconds above 0 and up to 60), a number that is 
 is out of its range, or a ``ZML_REDIS_LEDGER`` that is none of its on/off spellings (case does
 not matter; empty: the default) fails it with a :class:`SettingsError` (a
 ``zml.PolicyConfigError``) naming the variable, the value, what is accepted and how to fix
-it. No message, log line or repr shows a password: :func:`redact` hides ``user:password@`` and
+it. :class:`Settings` built in code is held to the same ranges (``timeout_s`` in seconds)
+and fails the same way, naming the field. No message, log line or repr shows a password: :func:`redact` hides ``user:password@`` and
 the values of query parameters such as ``?password=`` (redis-py's form for ``unix://`` sockets).
 """
 
@@ -295,6 +296,9 @@ _TIMEOUT = _Range(100.0, TIMEOUT_MIN_MS, TIMEOUT_MAX_MS, "ms",
 _SYNC = _Range(0.5, SYNC_MIN_S, SYNC_MAX_S, "s",
                "routing would use global loads that old, and see slots freed by expired "
                "leases that late")
+_TIMEOUT_S = _Range(_TIMEOUT.default / 1000.0, TIMEOUT_MIN_MS / 1000.0, TIMEOUT_MAX_MS / 1000.0,
+                    "s", _TIMEOUT.too_large)
+"""``Settings.timeout_s``: :data:`_TIMEOUT` in seconds."""
 
 
 def _number(environ: Mapping[str, str], name: str, spec: _Range) -> float:
@@ -314,14 +318,34 @@ def _number(environ: Mapping[str, str], name: str, spec: _Range) -> float:
         value = float(raw)
     except ValueError:
         raise error("is not a number") from None
-    if not math.isfinite(value):
-        raise error("must be a finite number")
-    if value < spec.minimum:
-        raise error(f"must be at least {spec.minimum:g} {spec.unit}")
-    if value > spec.maximum:
-        raise error(f"must be at most {spec.maximum:g} {spec.unit} (above it, "
-                    f"{spec.too_large})")
+    problem = _out_of_range(value, spec)
+    if problem:
+        raise error(problem)
     return value
+
+
+def _out_of_range(value: float, spec: _Range) -> str:
+    """What is wrong with ``value`` for ``spec`` (in ``spec``'s unit), or ``""``."""
+    if not math.isfinite(value):
+        return "must be a finite number"
+    if value < spec.minimum:
+        return f"must be at least {spec.minimum:g} {spec.unit}"
+    if value > spec.maximum:
+        return f"must be at most {spec.maximum:g} {spec.unit} (above it, {spec.too_large})"
+    return ""
+
+
+def _check_field(name: str, value: object, spec: _Range) -> None:
+    """A numeric :class:`Settings` field built in code: a real number (not a bool) within
+    ``spec``, else a :class:`SettingsError` naming the field, the value and the range."""
+    fix = f"pass a number of seconds from {spec.minimum:g} to {spec.maximum:g}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SettingsError(f"Settings({name}={value!r}) is not a number: {fix}",
+                            field=name, value=repr(value))
+    problem = _out_of_range(value, spec)
+    if problem:
+        raise SettingsError(f"Settings({name}={value!r}) {problem}: {fix}",
+                            field=name, value=repr(value))
 
 
 @dataclass(frozen=True)
@@ -335,6 +359,28 @@ class Settings:
     timeout_s: float = 0.1
     sync_s: float = 0.5
     ledger: bool = True
+
+    def __post_init__(self) -> None:
+        """Settings built in code are held to the same ranges as the variables (the module's
+        table; ``timeout_s`` is in seconds, ``ZML_REDIS_TIMEOUT_MS`` in milliseconds): a
+        :class:`SettingsError` names the field, the value and the accepted range."""
+        if not isinstance(self.url, str):
+            raise SettingsError(
+                f"Settings(url=...) is a {type(self.url).__name__}, not a str: pass the URL "
+                "as a string (redis://[user:password@]host:port/db)", field="url", value="")
+        check_url(self.url, "url")
+        if not isinstance(self.prefix, str) or not self.prefix.strip():
+            raise SettingsError(
+                f"Settings(prefix={self.prefix!r}) is not a non-empty string: pass the key "
+                "prefix of this fleet, such as 'zml'", field="prefix", value=repr(self.prefix))
+        _check_field("lease_ttl_s", self.lease_ttl_s, _TTL)
+        _check_field("timeout_s", self.timeout_s, _TIMEOUT_S)
+        _check_field("sync_s", self.sync_s, _SYNC)
+        if not isinstance(self.ledger, bool):
+            raise SettingsError(
+                f"Settings(ledger={self.ledger!r}) is not a bool: pass True (share slots and "
+                "health) or False (share policies only)", field="ledger",
+                value=repr(self.ledger))
 
     @property
     def renew_s(self) -> float:

@@ -81,7 +81,10 @@ def build_registry(pm: PluginManager, config: Registry) -> Registry:
     return registry
 
 
-_default_cache: dict[tuple[int, int], Registry] = {}
+_default_cache: list[tuple[Registry, int, Registry]] = []
+"""At most one entry: (the file's registry, the plugin generation, the registry built from
+them). The file's registry itself is held and compared by identity: a key of its ``id()``
+could be matched by a later file version's registry made at the same address."""
 
 
 def default_registry() -> Registry:
@@ -95,13 +98,12 @@ def default_registry() -> Registry:
 
     file_registry = discovered_registry()
     pm = process_manager()
-    key = (id(file_registry), pm.generation)
-    cached = _default_cache.get(key)
-    if cached is not None:
-        return cached
+    generation = pm.generation
+    for source, built_at, cached in tuple(_default_cache):
+        if source is file_registry and built_at == generation:
+            return cached
     registry = build_registry(pm.copy(), file_registry)
-    _default_cache.clear()
-    _default_cache[key] = registry
+    _default_cache[:] = [(file_registry, generation, registry)]
     return registry
 
 
