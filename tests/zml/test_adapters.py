@@ -135,7 +135,11 @@ def test_aclose_closes_this_loops_client_once(options: Any, closed: list[AsyncCl
     assert closed == [first, second]  # the explicit close, then the loop's shutdown
 
 
-def test_a_loop_closed_without_shutdown_is_dropped_on_next_use(options: Any) -> None:
+def test_a_loop_closed_without_shutdown_is_dropped_on_next_use(
+    options: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    import gc
+
     clients = zml.LoopClients()
     loop = asyncio.new_event_loop()
 
@@ -150,6 +154,41 @@ def test_a_loop_closed_without_shutdown_is_dropped_on_next_use(options: Any) -> 
     async def use() -> None:
         clients.for_running_loop(options)
         assert len(clients._loops) == 1  # the closed loop's entry is gone
+
+    asyncio.run(use())
+    del loop
+    gc.collect()
+    # nothing of the closed loop was left pending: asyncio logs no destroyed task
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+def test_under_uvloop_each_loop_s_client_is_closed_at_shutdown(
+    options: Any, closed: list[AsyncClient]
+) -> None:
+    uvloop = pytest.importorskip("uvloop")  # installed with zmlai[gateway]
+    clients = zml.LoopClients()
+
+    async def use() -> AsyncClient:
+        return clients.for_running_loop(options)
+
+    client = uvloop.run(use())
+    assert closed == [client] and clients.loop_count == 0
+
+
+def test_a_dropped_adapter_closes_its_client_while_the_loop_runs(
+    options: Any, closed: list[AsyncClient]
+) -> None:
+    import gc
+
+    async def use() -> AsyncClient:
+        clients = zml.LoopClients()
+        client = clients.for_running_loop(options)
+        del clients
+        gc.collect()  # the loop's finalizer hook schedules the closer's close
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert closed == [client]
+        return client
 
     asyncio.run(use())
 

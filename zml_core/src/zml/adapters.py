@@ -8,10 +8,12 @@ every event loop needs its own. :class:`LoopClients` does both, once, for every 
 
 - one :class:`~zml.Client` for sync code, built on first use;
 - one :class:`~zml.AsyncClient` per event loop, built on first use in that loop. When the loop
-  shuts down through ``asyncio.run`` or an ``asyncio.Runner`` (which cancel the tasks still
-  pending), that loop's client is closed with ``aclose()`` while the loop can still run it;
-  a loop closed another way is noticed on the next use and its client is dropped (its sockets
-  belong to a loop that can no longer run, so there is nothing left to await);
+  shuts down through ``asyncio.run`` or an ``asyncio.Runner`` (which close the loop's
+  asynchronous generators, ``loop.shutdown_asyncgens()``), that loop's client is closed with
+  ``aclose()`` while the loop can still run it; a loop closed another way is noticed on the
+  next use and its client is dropped (its sockets belong to a loop that can no longer run, so
+  there is nothing left to await), without a "Task was destroyed but it is pending" error: no
+  task is left waiting in the loop;
 - thread-safe: a lock guards every build, so concurrent first calls build one client;
 - copies (``copy.deepcopy``, pickling) start empty: clients hold sockets, never copied.
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -59,7 +61,8 @@ class LoopClients:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sync: Client | None = None
-        self._loops: dict[asyncio.AbstractEventLoop, tuple[AsyncClient, asyncio.Task[None]]] = {}
+        self._loops: dict[asyncio.AbstractEventLoop,
+                          tuple[AsyncClient, AsyncGenerator[None, None]]] = {}
         self._fleet: Fleet | None = None
 
     def _options(self, options: ClientOptions) -> dict[str, Any]:
@@ -108,22 +111,23 @@ class LoopClients:
 
             client = AsyncClient(**self._options(options))
             self._share(client)
-            closer = loop.create_task(self._close_at_shutdown(loop, client))
-            self._loops[loop] = (client, closer)
+            self._loops[loop] = (client, _started(self._close_at_shutdown(loop, client)))
         return client
 
-    async def _close_at_shutdown(self, loop: asyncio.AbstractEventLoop, client: AsyncClient) -> None:
-        """Wait until cancelled (the loop's shutdown cancels pending tasks), then close.
+    async def _close_at_shutdown(
+        self, loop: asyncio.AbstractEventLoop, client: AsyncClient
+    ) -> AsyncGenerator[None, None]:
+        """Stay suspended until the loop closes its asynchronous generators (at shutdown, or
+        when this one is dropped while the loop runs), then close ``client``.
 
-        Only a cancellation closes: a coroutine finalized by the garbage collector (its loop
-        closed without cancelling it) must not take the lock, which its thread may hold.
+        A generator dropped after its loop closed is not resumed at all (the loop's finalizer
+        hook skips it), so nothing here runs outside the loop, or takes the lock then.
         """
         try:
-            await loop.create_future()
-        except asyncio.CancelledError:
+            yield
+        finally:
             if self._forget(loop, client):
                 await client.aclose()
-            raise
 
     def _forget(self, loop: asyncio.AbstractEventLoop, client: AsyncClient) -> bool:
         with self._lock:
@@ -159,7 +163,7 @@ class LoopClients:
         if entry is None:
             return
         client, closer = entry
-        closer.cancel()
+        await closer.aclose()  # forgotten above: it does not close the client itself
         await client.aclose()
 
     def __repr__(self) -> str:
@@ -176,3 +180,15 @@ class LoopClients:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]
+
+
+def _started(closer: AsyncGenerator[None, None]) -> AsyncGenerator[None, None]:
+    """``closer`` run to its ``yield`` from synchronous code in a running event loop: its first
+    step registers it with the loop (``sys.set_asyncgen_hooks``, set by the running loop), which
+    closes it at shutdown."""
+    step = closer.asend(None)
+    try:
+        step.send(None)
+    except StopIteration:
+        return closer
+    raise RuntimeError("the closer awaited before its yield")  # pragma: no cover

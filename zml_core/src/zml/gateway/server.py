@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import inspect
 import os
 import socket
 import sys
@@ -108,13 +109,28 @@ def serve(config: str | None = None, *, host: str = DEFAULT_HOST, port: int = DE
         shown = f"[{host}]" if ":" in host else host
         print(f"zml gateway: serving {path} on http://{shown}:{bound}/v1"
               + (f" with {workers} workers" if workers > 1 else ""), file=sys.stderr)
-        if workers == 1:  # served on this very socket (an inet one: replies go out unbuffered)
+        # Served on this very socket (an inet one: replies go out unbuffered), so the port
+        # printed is the one served, with no moment where another process could take it.
+        if workers == 1:
             server = uvicorn.Server(uvicorn.Config(target, **options))
             server.run(sockets=[sock])
             return 0 if server.started else 1
-    # Several workers: uvicorn's supervisor binds the port, which was free a moment ago.
-    uvicorn.run(target, host=host, port=bound, workers=workers, factory=True, **options)
+        _supervise(uvicorn.Config(target, host=host, port=bound, workers=workers, factory=True,
+                                  **options), sock)
     return 0
+
+
+def _supervise(config: uvicorn.Config, sock: socket.socket) -> None:
+    """Run ``config.workers`` worker processes on ``sock`` under uvicorn's supervisor, as
+    ``uvicorn.run`` does with a socket it binds itself (each worker inherits it)."""
+    from uvicorn.supervisors import Multiprocess
+
+    sock.set_inheritable(True)
+    supervisor: Any = Multiprocess
+    if "target" in inspect.signature(Multiprocess.__init__).parameters:  # older uvicorn
+        supervisor = functools.partial(Multiprocess, target=uvicorn.Server(config).run)
+    with contextlib.suppress(KeyboardInterrupt):
+        supervisor(config, sockets=[sock]).run()
 
 
 @contextlib.contextmanager
