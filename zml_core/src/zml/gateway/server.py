@@ -128,7 +128,7 @@ def _supervise(config: uvicorn.Config, sock: socket.socket) -> None:
     sock.set_inheritable(True)
     supervisor: Any = Multiprocess
     if "target" in inspect.signature(Multiprocess.__init__).parameters:  # older uvicorn
-        supervisor = functools.partial(Multiprocess, target=uvicorn.Server(config).run)
+        supervisor = functools.partial(supervisor, target=uvicorn.Server(config).run)
     with contextlib.suppress(KeyboardInterrupt):
         supervisor(config, sockets=[sock]).run()
 
