@@ -12,12 +12,11 @@ import zml
 from zml.cli import main
 from zml.config import (
     NodeConfig,
-    display_url,
     load_registry,
     node_api_key,
-    redact_url,
     registry_from_mapping,
 )
+from zml.node_urls import display_url, redact_url
 
 
 def _node(**fields: Any) -> NodeConfig:

@@ -47,8 +47,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from .config import NodeConfig, Registry, redact_url
+from .config import NodeConfig, Registry
 from .ledger import SlotLedger
+from .node_urls import redact_url
 from .routing_index import FamilyIndex
 from .strategies import StrategyState
 from .transport import completion_url

@@ -21,7 +21,6 @@ from typing import Any
 
 import httpx2
 
-from .config import redact_url
 from .errors import (
     ClientConfigError,
     NodeConnectionError,
@@ -32,6 +31,7 @@ from .errors import (
     safe_detail,
     status_error,
 )
+from .node_urls import redact_url
 from .validation import check_api_key, encode_json
 
 __all__ = [

@@ -13,8 +13,9 @@ from rich.text import Text
 from zml import routing
 from zml.cli.output import CommandError, print_error, stderr_console, stdout_console, table
 from zml.client import Client
-from zml.config import discover_path, load_registry, redact_url, suggest
+from zml.config import discover_path, load_registry, suggest
 from zml.errors import PolicyConfigError
+from zml.node_urls import redact_url
 from zml.probe import Prober
 
 __all__ = ["fleet_status", "policy_check", "route", "sim_serve"]
