@@ -232,16 +232,65 @@ def test_head_timeout_s_is_10_seconds_unless_set(tmp_path: Path) -> None:
     assert gateway_settings(load_registry(path)).head_timeout_s == 2.0
 
 
+@pytest.mark.parametrize("key", ["head_timeout_s", "send_timeout_s"])
 @pytest.mark.parametrize(("value", "shown"), [
     ("0", "0"), ("-1", "-1"), ("inf", "inf"), ("nan", "nan"), ("true", "True"), ('"10"', "'10'"),
 ])
-def test_a_bad_head_timeout_s_names_the_key_and_the_value(tmp_path: Path, value: str,
-                                                          shown: str) -> None:
+def test_a_bad_head_or_send_timeout_s_names_the_key_and_the_value(
+    tmp_path: Path, key: str, value: str, shown: str
+) -> None:
     path = tmp_path / "zml.toml"
-    path.write_text(f"[gateway]\nhead_timeout_s = {value}\n")
+    path.write_text(f"[gateway]\n{key} = {value}\n")
     with pytest.raises(zml.PolicyConfigError) as info:
         gateway_settings(load_registry(path))
-    assert f"gateway.head_timeout_s = {shown}" in str(info.value)
+    assert f"gateway.{key} = {shown}" in str(info.value)
+
+
+def test_a_client_that_stops_reading_its_stream_is_dropped_and_its_slot_freed(
+    sim_fleet: Callable[..., SimSetup],
+) -> None:
+    """A client that opens a stream and then reads nothing (the write buffer fills): after
+    ``send_timeout_s`` the connection is aborted and the request cancelled, so the node's one
+    slot serves the next request. Before, the request (and its slot) waited for ever, past
+    its deadline: uvicorn's ``send`` waits on a full buffer without a bound."""
+    setup = sim_fleet([{"id": "h100-1", "family": "H100", "max_concurrency": 1}], PROD,
+                      time_scale=0.05)
+    setup.path.write_text(setup.path.read_text() + "\n[gateway]\nsend_timeout_s = 1\n")
+    app = create_app(setup.path, environ={}, probe_interval_s=None)
+    thread = _Thread(app).start()
+    gateway = app.state.gateway
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                       "stream": True, "max_tokens": 200_000, "ignore_eos": True}).encode()
+    try:
+        stalled = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.settimeout(GUARD_S)
+        stalled.connect(("127.0.0.1", thread.port))
+        stalled.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                        % len(body) + body)
+        assert stalled.recv(1024).startswith(b"HTTP/1.1 200 ")  # then it reads nothing more
+        assert gateway.client.fleet.in_flight == 1
+        # The connection is aborted: the request is cancelled and its slot is free again.
+        deadline = time.monotonic() + GUARD_S * 3  # a hang guard: the buffer fills, then 1 s
+        while gateway.client.fleet.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gateway.client.fleet.in_flight == 0
+        with zml.Client(config=setup.path) as direct:  # the node itself took it back too
+            assert direct.infer(MODEL, [{"role": "user", "content": "x"}], max_tokens=2)
+        # The connection ends without [DONE]: the client can tell its stream is short.
+        rest = read_until_closed(stalled)
+        assert rest.count(b"data: ") > 10 and b"[DONE]" not in rest
+        stalled.close()
+    finally:
+        thread.stop()
+
+
+def test_send_timeout_s_is_60_seconds_unless_set(tmp_path: Path) -> None:
+    assert GatewaySettings().send_timeout_s == 60.0
+    path = tmp_path / "zml.toml"
+    path.write_text("[gateway]\nsend_timeout_s = 2.5\n")
+    assert gateway_settings(load_registry(path)).send_timeout_s == 2.5
 
 
 @pytest.mark.parametrize("workers", [1, 2])

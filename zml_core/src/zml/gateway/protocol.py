@@ -13,6 +13,13 @@ head gets 431), and this subclass adds the time limit:
   request's body then has its own limit (``[gateway] body_timeout_s``);
 * if it fires first, the connection is closed: with a 408 when part of a head had arrived,
   without a word when nothing had (an idle connection, or the unread rest of a body).
+
+Nor does uvicorn bound how long a response may wait on a client that stops reading: once the
+connection's write buffer is full, the app's ``send`` waits for ever, and with it the request
+(a stream's node slot included). So a second timer runs while writing is paused (the client
+reads nothing and the buffer stays above its high-water mark); when it reaches
+``[gateway] send_timeout_s`` the connection is aborted. The app then sees the client gone, as
+for any disconnect: the request is cancelled and its slot freed.
 """
 
 from __future__ import annotations
@@ -45,17 +52,22 @@ _PIECE = 1024
 class GatewayH11Protocol(H11Protocol):
     """uvicorn's h11 protocol whose connections close when a request head is late (408).
 
-    uvicorn makes one per connection with its config and state; ``head_timeout_s`` is bound
-    with :func:`functools.partial` (which, unlike a class made on the fly, can be pickled for
-    the worker processes of ``zml serve --workers N``).
+    It also aborts a connection whose client has read nothing of its response for
+    ``send_timeout_s`` while the write buffer was full.
+
+    uvicorn makes one per connection with its config and state; ``head_timeout_s`` and
+    ``send_timeout_s`` are bound with :func:`functools.partial` (which, unlike a class made on
+    the fly, can be pickled for the worker processes of ``zml serve --workers N``).
     """
 
     def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
                  _loop: asyncio.AbstractEventLoop | None = None, *,
-                 head_timeout_s: float) -> None:
+                 head_timeout_s: float, send_timeout_s: float = 60.0) -> None:
         super().__init__(config, server_state, app_state, _loop)
         self.head_timeout_s = head_timeout_s
+        self.send_timeout_s = send_timeout_s
         self._head_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
         self._upgraded = False
 
     # The timer runs exactly while no request is being served.
@@ -106,7 +118,31 @@ class GatewayH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        self._stop_send_timer()
         super().connection_lost(exc)
+
+    # The send timer runs exactly while writing is paused (the client is not reading).
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None and not self.transport.is_closing():
+            self._send_timer = self.loop.call_later(self.send_timeout_s, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        self._stop_send_timer()
+        super().resume_writing()
+
+    def _stop_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _send_timed_out(self) -> None:
+        self._send_timer = None
+        logger.warning("zml gateway: a client read nothing of its response for %g s "
+                       "([gateway] send_timeout_s); connection closed, its request cancelled",
+                       self.send_timeout_s)
+        self.transport.abort()  # close() would wait for the unread buffer to drain
 
     def data_received(self, data: bytes) -> None:
         # h11 measures a head only while it is incomplete: a whole head in one read (up to

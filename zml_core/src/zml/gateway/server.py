@@ -47,14 +47,17 @@ def max_workers() -> int:
 
 
 def connection_limits(settings: GatewaySettings) -> dict[str, Any]:
-    """The uvicorn options that bound a connection's request head, in time and in size.
+    """The uvicorn options that bound a connection's request head, in time and in size, and
+    how long a response may wait on a client that reads nothing.
 
-    uvicorn's default protocol (httptools) bounds neither: a client sending nothing, or a
-    header byte now and then, kept its connection for ever, and a header of 10 MB was read
-    whole. h11's protocol has a size limit (a larger head gets 431); the gateway's subclass of
-    it adds the time limit.
+    uvicorn's default protocol (httptools) bounds none of these: a client sending nothing, or a
+    header byte now and then, kept its connection for ever, a header of 10 MB was read whole,
+    and a client that stopped reading held its request (and a stream's node slot) for ever.
+    h11's protocol has a size limit (a larger head gets 431); the gateway's subclass of it adds
+    the time limits.
     """
-    return {"http": functools.partial(GatewayH11Protocol, head_timeout_s=settings.head_timeout_s),
+    return {"http": functools.partial(GatewayH11Protocol, head_timeout_s=settings.head_timeout_s,
+                                      send_timeout_s=settings.send_timeout_s),
             "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
 
 

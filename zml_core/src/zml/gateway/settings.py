@@ -11,6 +11,8 @@ never reads it); it is validated here, when a gateway is built, so that a typo i
     max_body_bytes = 4194304               # larger request bodies get 413
     body_timeout_s = 30                    # a body not in full by then gets 408
     head_timeout_s = 10                    # request line and headers not in full by then: 408
+    send_timeout_s = 60                    # a client reading nothing of its answer that long:
+                                           # connection closed, request cancelled
     allowed_hosts = ["llm.example.com"]    # names besides loopback ones (zml.gateway.hosts)
 
     [gateway.aliases]
@@ -82,6 +84,11 @@ class GatewaySettings(_Strict):
     is closed (with a 408 if part of a head had arrived). A client that connects and sends
     nothing, or a header byte now and then, must not hold a connection open for ever either
     (see :mod:`zml.gateway.protocol`)."""
+    send_timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False, strict=True)
+    """Seconds a client may read nothing of its response while the connection's write buffer
+    is full: beyond, the connection is closed and the request cancelled (a stream's node slot
+    freed). A client that stops reading must not hold a node for ever (see
+    :mod:`zml.gateway.protocol`)."""
     allowed_hosts: tuple[str, ...] = ()
     """Host names, besides loopback ones, that a request arriving over loopback may be
     addressed to, and that a web page's ``Origin`` may name (``.example.com``: the domain and
