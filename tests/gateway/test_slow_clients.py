@@ -225,6 +225,27 @@ def test_an_endless_header_is_cut_at_the_limit(serve_limited: Callable[[str], in
     assert error["code"] == "request_header_fields_too_large"
 
 
+@pytest.mark.parametrize("request_bytes", [
+    b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",  # no Host
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Name: x\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+    b"\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n{}\r\n0\r\n\r\n",  # a bad chunk size
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n",
+])
+def test_a_malformed_http_request_gets_an_openai_shaped_400(
+    serve_limited: Callable[[str], int], request_bytes: bytes
+) -> None:
+    """uvicorn's own answer is a text/plain "Invalid HTTP request received."."""
+    with connect(serve_limited("")) as sock:
+        sock.sendall(request_bytes)
+        reply = read_until_closed(sock)
+    assert b"content-type: application/json" in reply.partition(b"\r\n\r\n")[0].lower()
+    error = error_of(reply, 400)
+    assert error["code"] == "invalid_http_request" and error["type"] == "invalid_request_error"
+    assert "well-formed" in str(error["message"])
+
+
 def test_head_timeout_s_is_10_seconds_unless_set(tmp_path: Path) -> None:
     assert GatewaySettings().head_timeout_s == 10.0
     path = tmp_path / "zml.toml"

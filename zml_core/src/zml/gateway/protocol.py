@@ -166,13 +166,22 @@ class GatewayH11Protocol(H11Protocol):
         super().handle_websocket_upgrade(event)
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to a request h11 refused: 431 when its head was too large."""
-        limit = self.config.h11_max_incomplete_event_size or DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
-        if len(self.conn.trailing_data[0]) <= limit:
-            super().send_400_response(msg)
+        """uvicorn's answer to a request h11 refused, as an OpenAI-shaped error: 431 when its
+        head was too large, else 400 (uvicorn's own is plain text). When a response had already
+        begun (a malformed chunk of a body read after it), the connection is only closed."""
+        if self.conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            self.transport.close()
             return
-        self._write_error(431, error_reply(
-            431, f"the request's line and headers are larger than {limit} bytes",
-            "invalid_request_error",
-            code="request_header_fields_too_large").body())
+        limit = self.config.h11_max_incomplete_event_size or DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
+        if len(self.conn.trailing_data[0]) > limit:
+            self._write_error(431, error_reply(
+                431, f"the request's line and headers are larger than {limit} bytes",
+                "invalid_request_error",
+                code="request_header_fields_too_large").body())
+        else:
+            self._write_error(400, error_reply(
+                400, "the request is not valid HTTP/1.1 (a malformed request line, header, "
+                "Content-Length or chunk, or no Host header): send a well-formed request, as "
+                "any HTTP client library does", "invalid_request_error",
+                code="invalid_http_request").body())
         self.transport.close()
