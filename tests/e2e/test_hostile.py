@@ -157,6 +157,22 @@ def test_a_node_stalling_before_headers_fails_over_before_the_deadline(
     assert [a.node_id for a in response.routing.attempts] == ["n-stall"]
 
 
+@pytest.mark.parametrize("timeout", [zml.Timeouts(total=6.0, first_token=1.0), 4.0],
+                         ids=["first_token", "share_of_the_time_left"])
+@pytest.mark.parametrize("behaviour", ["drip=0.2", "stall-body"])
+def test_a_slow_or_stalled_answer_fails_over_to_the_chain_s_next_family(
+    hostile: HostileNode, tmp_path: Path, infer: Any, behaviour: str, timeout: Any
+) -> None:
+    """The attempt's limit holds for the whole answer, not between two bytes (a body dripped
+    a byte every 0.2 s kept the attempt until the request's deadline), and a healthy node in a
+    later family of the chain counts as somewhere to go (with ``timeout=4.0`` alone, the first
+    node had all the time left: its family had no other node)."""
+    config = write_config(tmp_path / "zml.toml", hostile, {"n-slow": behaviour, "n-ok": "ok"})
+    response = infer(config, timeout=timeout)
+    assert response.routing.node_id == "n-ok"
+    assert [(a.node_id, a.error) for a in response.routing.attempts] == [("n-slow", "timeout")]
+
+
 def test_a_dripped_body_cannot_outlast_the_deadline(
     hostile: HostileNode, tmp_path: Path, infer: Any
 ) -> None:

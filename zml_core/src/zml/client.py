@@ -24,6 +24,7 @@ from .client_base import (
     NOT_GIVEN,
     BaseClient,
     NotGiven,
+    answer_deadline,
     check_http_client,
     check_probe_interval,
     finish,
@@ -218,14 +219,15 @@ class Client(BaseClient):
 
     def _post(self, call: Call, step: Step) -> dict[str, Any]:
         node_id = step.node.id
-        deadline = call.deadline
+        deadline = answer_deadline(call, step)
         watch: Watch | None = None
         r: httpx2.Response | None = None
         try:
             request = self._request(call, step)
             step.sent_headers = request.headers
-            # Neither the headers nor a dripped body outlast the deadline, and close() can
-            # cut the call short (an endless watch when there is no deadline).
+            # Neither the headers nor a dripped body outlast the attempt's limit or the
+            # request's deadline, and close() can cut the call short (an endless watch when
+            # there is neither).
             watch = self._watchdog.watch(math.inf if deadline is None else deadline, request)
             r = self._http.send(request, stream=True)
             if watch is not None and not watch.follow(r):
@@ -369,14 +371,15 @@ class AsyncClient(BaseClient):
 
     async def _post(self, call: Call, step: Step) -> dict[str, Any]:
         node_id = step.node.id
-        deadline = call.deadline
+        deadline = answer_deadline(call, step)
         watch: Watch | None = None
         r: httpx2.Response | None = None
         try:
             request = self._request(call, step)
             step.sent_headers = request.headers
-            # Neither the headers nor a dripped body outlast the deadline, and close() can
-            # cut the call short (an endless watch when there is no deadline).
+            # Neither the headers nor a dripped body outlast the attempt's limit or the
+            # request's deadline, and close() can cut the call short (an endless watch when
+            # there is neither).
             watch = self._deadlines.watch(math.inf if deadline is None else deadline, request)
             r = await self._http.send(request, stream=True)
             if watch is not None and not watch.follow(r):

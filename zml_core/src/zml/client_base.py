@@ -41,6 +41,7 @@ __all__ = [
     "NOT_GIVEN",
     "BaseClient",
     "NotGiven",
+    "answer_deadline",
     "check_probe_interval",
     "finish",
     "read_failure",
@@ -327,6 +328,21 @@ def check_probe_interval(interval_s: object) -> None:
             "probe_interval_s must be a number of seconds here (pass probe_interval_s=None to "
             "the client instead, for no probing)", param="probe_interval_s")
     check_timeout(interval_s, "probe_interval_s")
+
+
+def answer_deadline(call: Call, step: Step) -> float | None:
+    """When a non-streamed attempt's whole answer must be in, on the dispatcher's clock: the
+    request's deadline, or sooner the attempt's own limit from now (its read timeout:
+    ``Timeouts.first_token``, else its share of the time left; see
+    ``_attempt_timeout`` in :mod:`zml.dispatch.flow`). The watchdog and the body's reader hold it
+    however the node paces its bytes: a read timeout alone restarts with every byte, so a node
+    dripping its answer would keep the attempt until the request's deadline."""
+    deadline = call.deadline
+    bound = step.timeout.get("read")
+    if bound is None:
+        return deadline
+    until = call.d.clock() + bound
+    return until if deadline is None or until < deadline else deadline
 
 
 def read_failure(exc: httpx2.HTTPError | NodeError, watch: Watch | None,

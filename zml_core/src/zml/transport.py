@@ -307,9 +307,13 @@ class _Body:
 
 
 def still_sending(node_id: str) -> NodeTimeoutError:
-    """The error for a body still arriving when the request's deadline passed."""
+    """The error for a body still arriving when its attempt's time was up: the request's
+    deadline (dispatch then ends the request with its ``ZMLTimeoutError``), or sooner the
+    attempt's own limit (dispatch then tries another node)."""
     return NodeTimeoutError(
-        f"node {node_id!r} was still sending its answer at the request's deadline",
+        f"node {node_id!r} was still sending its answer when its time was up (the request's "
+        "deadline, or the attempt's own limit: Timeouts.first_token, else its share of the "
+        "time left when another node could answer)",
         node_id=node_id,
     )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Generator, Mapping, Set as AbstractSet
+from collections.abc import Callable, Generator, Mapping, Sequence, Set as AbstractSet
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .. import routing
@@ -156,7 +156,11 @@ class Effects:
             # prefilled once its predicted TTFT has passed.
             prefill_by = None if req.stream else op.now + decision.predicted_ttft_ms / 1000.0
             reservation = fleet.reserve(node, op.now, tokens, prefill_by)
-            return Reserved(decision, reservation, decision_us)
+            fallbacks = 0
+            if not req.stream and policy is not None and req.accelerator is None:
+                fallbacks = _later_nodes(fleet, req.model, policy.accelerator_chain,
+                                         decision.family, op.exclude)
+            return Reserved(decision, reservation, decision_us, fallbacks)
 
     def notify(self, hook: str, view: CallView, kwargs: Mapping[str, Any]) -> Any:
         """Call plugin hook ``hook`` through pluggy with the request's view, its metadata and
@@ -204,3 +208,17 @@ def could_wait(fleet: Fleet, req: Request, decision: routing.NoRoute, tokens: in
             if base + own_ms <= limit:
                 return True
     return False
+
+
+def _later_nodes(fleet: Fleet, model: str, chain: Sequence[str], family: str,
+                 exclude: AbstractSet[str]) -> int:
+    """How many nodes of ``model`` the families of ``chain`` after ``family`` have, not in
+    ``exclude`` (0 when ``family`` is the chain's last): where a failed attempt could go."""
+    if family not in chain:
+        return 0
+    count = 0
+    for later in chain[chain.index(family) + 1:]:
+        for node in fleet.nodes_for(model, later):
+            if node.id not in exclude:
+                count += 1
+    return count

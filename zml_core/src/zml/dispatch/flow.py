@@ -198,7 +198,7 @@ def _step(req: Request, rec: Record, reserved: Reserved, now: float,
         "metadata": dict(req.metadata),
     })
     checked = sum(e.nodes_checked for e in decision.evaluated)
-    alternatives = checked - 1 - len(rec.tried) > 0
+    alternatives = checked - 1 - len(rec.tried) > 0 or reserved.fallbacks > 0
     base = decision.base_ttft_ms
     explained = 0.0 if base is None else max(0.0, decision.predicted_ttft_ms - base)
     typical = None if node.service_ms is None else node.service_ms / 1000.0
@@ -216,8 +216,10 @@ def _attempt_timeout(req: Request, rec: Record, now: float, settings: FlowSettin
     A stream's read timeout bounds the wait for its answer to start (``first_token``, else
     ``idle``); once it started, the stream switches to :func:`idle_timeout`. A non-streamed
     answer arrives whole: it gets ``first_token`` when set, else — when routing saw other
-    candidates — the time left shared among the attempts left, so a stalled node leaves time
-    to fail over (with no other candidate it may use all the time left). That share is never
+    candidates, or the policy's chain has nodes in a later family — the time left shared among
+    the attempts left, so a stalled node leaves time to fail over (with no other candidate it
+    may use all the time left). The clients hold that bound for the whole answer
+    (:func:`zml.client_base.answer_deadline`), not only between two reads. That share is never
     less than twice what the node usually takes to answer (``typical_s``, its service-time
     estimate): a tight deadline must not cut short, and count as the node's failure, an
     answer that is only as slow as usual.
