@@ -83,6 +83,36 @@ def test_a_bad_field_is_the_same_400_for_a_stream_as_for_a_json_request_and_no_n
     assert outcomes(gw) == {"invalid_request": 2 * len(BAD_FIELDS)}
 
 
+@pytest.mark.parametrize(("body", "param", "says"), [
+    ({"stream_options": {"include_usage": True}}, "stream_options",
+     'applies only to a stream: send "stream": true with it'),
+    ({"stream": True, "stream_options": "yes"}, "stream_options",
+     'must be an object, e.g. {"include_usage": true}'),
+    ({"messages": "hi"}, "messages", 'e.g. [{"role": "user", "content": "Hello"}]'),
+])
+def test_a_400_speaks_json_to_an_http_caller(gw: GatewayServer, body: dict[str, Any],
+                                             param: str, says: str) -> None:
+    """The gateway's callers send JSON: no Python syntax, no SDK method names in the advice."""
+    r = raw_post(gw, json.dumps({"model": MODEL, "messages": MSGS, **body}).encode())
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == param and says in error["message"]
+    assert "infer" not in error["message"] and "'role'" not in error["message"]
+
+
+@pytest.mark.parametrize(("body", "says"), [
+    (b'{"model": "m", "messages": [], "seed": ' + b"9" * 5000 + b"}",
+     "an integer of more than 4300 digits"),
+    (b'{"model": "%s", "messages": [{"role": "user", "content": "hi"}], "\\ud800x": 1}'
+     % MODEL.encode(), "a key of the request body is not valid Unicode text"),
+])
+def test_a_400_names_nothing_the_caller_did_not_send(gw: GatewayServer, body: bytes,
+                                                     says: str) -> None:
+    r = raw_post(gw, body)
+    error = r.json()["error"]
+    assert r.status_code == 400 and says in error["message"] and error["param"] is None
+    assert "sys." not in error["message"] and "extra_body" not in error["message"]
+
+
 def test_the_openai_sdk_gets_bad_request_for_a_bad_stream_and_does_not_retry_it(
         gw: GatewayServer) -> None:
     with openai.OpenAI(base_url=gw.base_url, api_key="unused", timeout=30) as oa:  # retries on

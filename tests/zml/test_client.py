@@ -167,6 +167,11 @@ def test_extra_body_is_merged(drive: Any, fleet: Fleet) -> None:
         ({"model": "m", "messages": MSGS, "temprature": 0.1}, "temprature",
          "did you mean 'temperature'"),
         ({"model": "m", "messages": MSGS, "stream": True}, "stream", "infer_stream"),
+        # openai-python's request options are no body fields: say what to do instead
+        ({"model": "m", "messages": MSGS, "extra_headers": {"X-A": "1"}}, "extra_headers",
+         "http_client=httpx2.Client(headers="),
+        ({"model": "m", "messages": MSGS, "extra_query": {"a": "1"}}, "extra_query",
+         "no query string"),
         ({"model": "m", "messages": MSGS, "accelerator": "H200"}, "accelerator",
          "did you mean 'H100'"),
         ({"model": "m", "messages": MSGS, "accelerator": "H100", "policy": "prod"},

@@ -310,3 +310,22 @@ def test_http_client_must_be_the_client_kind_s_own() -> None:
     with httpx2.Client() as sync, \
             pytest.raises(zml.InvalidRequestError, match=r"an httpx2\.AsyncClient for a zml"):
         zml.AsyncClient(config=registry, http_client=sync)  # type: ignore[arg-type]
+
+
+def test_an_answer_s_message_object_can_go_back_into_the_chat() -> None:
+    """openai-python's pattern: ``messages.append(response.choices[0].message)``."""
+    from zml.types import ChatCompletionMessage
+
+    said = ChatCompletionMessage(content="Paris.")
+    called = ChatCompletionMessage.model_validate({"tool_calls": [
+        {"id": "c1", "function": {"name": "f", "arguments": "{}"}}]})
+    out = validate_messages([{"role": "user", "content": "Capital?"}, said, called])
+    assert out[1] == {"role": "assistant", "content": "Paris."}
+    assert out[2] == {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}
+
+
+def test_a_message_that_is_not_a_mapping_says_what_one_looks_like() -> None:
+    with pytest.raises(zml.InvalidRequestError, match=r"messages\[0\] must be a mapping .*"
+                       r"got int; e\.g\. \{'role': 'user', 'content': 'Hello'\}"):
+        validate_messages([5])

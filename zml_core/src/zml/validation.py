@@ -255,8 +255,19 @@ def encode_json(body: Mapping[str, Any], *, what: str = "request") -> bytes:
 # --- messages and parameters ------------------------------------------------------------------
 
 
+def _as_mapping(msg: object) -> object:
+    """A pydantic message (such as ``response.choices[0].message``, appended to the chat as
+    with openai-python) as the dict it dumps to, without its unset (None) fields; anything
+    else as it is."""
+    dump = getattr(type(msg), "model_dump", None)
+    if dump is None or not callable(dump):
+        return msg
+    return dump(msg, mode="json", exclude_none=True)
+
+
 def validate_messages(messages: object) -> list[dict[str, Any]]:
-    """Check ``messages`` is a non-empty list of role/content mappings; return it as dicts.
+    """Check ``messages`` is a non-empty list of role/content mappings (or pydantic messages,
+    such as an answer's ``choices[0].message``, taken as their dump); return it as dicts.
 
     Raises:
         InvalidRequestError: naming the message (``messages[i]``) and the field at fault.
@@ -272,9 +283,11 @@ def validate_messages(messages: object) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, Mapping):
+            msg = _as_mapping(msg)
+        if not isinstance(msg, Mapping):
             raise InvalidRequestError(
                 f"messages[{i}] must be a mapping with 'role' and 'content', got "
-                f"{type(msg).__name__}",
+                f"{type(msg).__name__}; e.g. {{'role': 'user', 'content': 'Hello'}}",
                 param=f"messages[{i}]",
             )
         role = msg.get("role")

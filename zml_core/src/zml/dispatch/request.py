@@ -129,8 +129,22 @@ def _text_size(messages: Sequence[Mapping[str, Any]]) -> int:
     return size
 
 
+_OPENAI_SDK_OPTIONS = {
+    "extra_headers": "zml sends the nodes' headers itself: set headers for every request on "
+                     "the HTTP client (http_client=httpx2.Client(headers={...})), or per "
+                     "request with a plugin's zml_request_headers hook",
+    "extra_query": "a node URL takes no query string: pass node-specific fields in "
+                   "extra_body={...}",
+}
+"""openai-python's request options that are not body fields, and what to do instead."""
+
+
 def _check_params(params: Mapping[str, Any]) -> None:
     for key in params:
+        if key in _OPENAI_SDK_OPTIONS:
+            raise InvalidRequestError(
+                f"{key} is an openai-python option zml does not take: "
+                f"{_OPENAI_SDK_OPTIONS[key]}", param=key)
         if not isinstance(key, str) or key not in OPENAI_PARAMS:
             hint = suggest(str(key), OPENAI_PARAMS)
             raise InvalidRequestError(

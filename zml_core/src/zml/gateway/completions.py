@@ -197,6 +197,10 @@ def _parse(body: bytes) -> _Request | ErrorReply:
     try:
         data = json.loads(body)
     except ValueError as exc:
+        if "int_max_str_digits" in str(exc):  # Python's bound on int parsing, not JSON's
+            return invalid_request(
+                "the request body holds an integer of more than 4300 digits, more than any "
+                "parameter takes: send a smaller number")
         return invalid_request(f"the request body is not valid JSON: {exc}")
     except RecursionError:  # the parser recurses: about 1000 levels exhaust the stack
         return invalid_request("the request body nests arrays or objects too deeply to be "
@@ -213,7 +217,20 @@ def _parse(body: bytes) -> _Request | ErrorReply:
         return invalid_request("'metadata' must be a JSON object", "metadata")
     if "messages" not in data:
         return invalid_request("'messages' is required", "messages")
+    if not isinstance(data["messages"], list):
+        return invalid_request(
+            "messages must be an array of message objects, e.g. "
+            '[{"role": "user", "content": "Hello"}]', "messages")
     options = data.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            return invalid_request(
+                "stream_options must be an object, e.g. {\"include_usage\": true}, or null",
+                "stream_options")
+        if not stream:
+            return invalid_request(
+                "stream_options applies only to a stream: send \"stream\": true with it, "
+                "or leave it out", "stream_options")
     want_usage = isinstance(options, dict) and bool(options.get("include_usage"))
     params = {k: v for k, v in data.items() if k in _PARAMS}
     extra = {k: v for k, v in data.items() if k not in _RESERVED and k not in _PARAMS}
@@ -519,6 +536,8 @@ def _as_sent(exc: Exception) -> Exception:
     """``exc`` naming the field as the client sent it: the gateway passes every field that is
     not an OpenAI parameter in ``extra_body``, but the client sent it at the top level."""
     param = exc.param if isinstance(exc, InvalidRequestError) else None
+    if param == "extra_body key":  # a key of the body itself
+        return InvalidRequestError(str(exc).replace(param, "a key of the request body", 1))
     if param is None or not param.startswith(_EXTRA):
         return exc
     sent = param[len(_EXTRA):]
