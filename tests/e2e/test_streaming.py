@@ -95,6 +95,23 @@ def test_sync_stream_as_context_manager(setup: Any) -> None:
     assert settled(setup.node("mi-a")).completed_total == 1
 
 
+def test_with_n_choices_the_stream_text_is_the_first_choice_s(setup: Any) -> None:
+    """As ``response.choices[0].message.content``: it was every choice's tokens, interleaved."""
+    with zml.Client(config=setup.path) as client:
+        stream = client.infer_stream(MODEL, MSGS, accelerator="MI300X", max_tokens=8, n=2)
+        per_choice: dict[int, str] = {}
+        halfway = ""
+        for i, chunk in enumerate(stream):
+            for choice in chunk.choices:
+                per_choice[choice.index] = per_choice.get(choice.index, "") + (
+                    choice.delta.content or "")
+            if i == 3:
+                halfway = stream.text
+                assert halfway == per_choice.get(0, "")  # delivered so far, choice 0 only
+        assert sorted(per_choice) == [0, 1] and per_choice[0] != per_choice[1]
+        assert stream.text == per_choice[0]
+
+
 def test_async_stream_routing_on_each_chunk(setup: Any) -> None:
     async def main() -> None:
         async with zml.AsyncClient(config=setup.path, probe_interval_s=None) as client:

@@ -154,7 +154,9 @@ class StreamDecoder:
 
     @property
     def text(self) -> str:
-        """The content received so far."""
+        """The content received so far: the first choice's (index 0), as
+        ``response.choices[0].message.content`` is; with ``n`` > 1 the others' content is in
+        the chunks (it was interleaved into this text)."""
         return "".join(self.parts)
 
     def feed(self, data: bytes | str) -> ChatCompletionChunk | None:
@@ -191,7 +193,7 @@ class StreamDecoder:
         self.chunks += 1
         for choice in chunk.choices:
             content = choice.delta.content
-            if content:
+            if content and not choice.index:
                 self.parts.append(content)
             reason = choice.finish_reason
             if reason:

@@ -78,14 +78,15 @@ class _Base:
 
     @property
     def text(self) -> str:
-        """The content of the chunks delivered so far (all of it once the stream ended)."""
+        """The content of the chunks delivered so far (all of it once the stream ended): the
+        first choice's, with ``n`` > 1 (as ``response.choices[0].message.content``)."""
         op = self._op
         if op is None:
             return ""
         text = op.decoder.text
         if self._ready:  # decoded, not delivered yet: the end of ``text``
             pending = sum(len(c.delta.content or "") for chunk in self._ready
-                          for c in chunk.choices)
+                          for c in chunk.choices if not c.index)
             text = text[:len(text) - pending]
         return text
 
