@@ -200,6 +200,46 @@ def test_deadline_expiring_mid_stream_is_one_timeout_error(sim_fleet: Any, kind:
 
 
 @pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_stream_held_unread_past_its_deadline_frees_its_slot_then(sim_fleet: Any,
+                                                                    kind: str) -> None:
+    """The caller holds an open stream without reading it: at the deadline the watchdog shuts
+    its connection (the node drops the request) and the node slot is free at once, so the next
+    request is served by that one-slot node; the held stream raises the deadline's error when
+    it is read again. Before, the slot stayed taken until then, and the next request failed
+    with a RoutingError against an idle node."""
+    nodes = [{"id": "gpu", "family": "H100", "max_concurrency": 1,
+              "sim": {"ttft_ms": 5.0, "tokens_per_s": 20.0}}]
+    setup = sim_fleet(nodes, ONE_FAMILY)
+    long = {"policy": "h100", "max_tokens": 400, "extra_body": {"ignore_eos": True}}
+
+    def sync_body(client: zml.Client) -> None:
+        stream = client.infer_stream(MODEL, MSGS, timeout=0.5, **long)
+        next(stream)
+        wait_for(lambda: client.fleet.in_flight == 0, "the slot freed at the deadline")
+        assert client.infer(MODEL, MSGS, policy="h100", max_tokens=2, timeout=SAFETY)
+        with pytest.raises(zml.ZMLTimeoutError, match="mid-stream"):
+            list(stream)
+
+    async def async_body(client: zml.AsyncClient) -> None:
+        stream = client.infer_stream(MODEL, MSGS, timeout=0.5, **long)
+        await stream.__anext__()
+        for _ in range(int(SAFETY / 0.05)):  # the loop must run for its watchdog to fire
+            if client.fleet.in_flight == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert client.fleet.in_flight == 0
+        assert await client.infer(MODEL, MSGS, policy="h100", max_tokens=2, timeout=SAFETY)
+        with pytest.raises(zml.ZMLTimeoutError, match="mid-stream"):
+            async for _ in stream:
+                pass
+
+    run_client(kind, setup, sync_body if kind == "sync" else async_body)
+    node = setup.node("gpu")
+    wait_for(lambda: node.stats.aborted_total == 1 and node.stats.completed_total == 1,
+             "one abort, one answer")
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
 def test_deadline_expiring_in_the_queue_is_one_timeout_error(setup: Any, kind: str) -> None:
     """No max_queue_ms: the request's deadline bounds its wait (ZMLTimeoutError); with
     max_queue_ms shorter than the deadline it is RoutingError queue_timeout (test_queue.py)."""

@@ -264,3 +264,55 @@ def test_a_deadline_far_beyond_the_platform_s_wait_limit_does_not_stop_the_threa
         dog.close()
         a.close()
         b.close()
+
+
+def test_on_fire_runs_after_the_shutdown_outside_the_lock_and_never_at_close() -> None:
+    """A watch's ``on_fire`` (an open stream frees its slot there) runs once its socket was
+    shut down at the deadline, on the thread, free to call the watchdog again; closing the
+    client shuts sockets down without calling it."""
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    dog = Watchdog()
+    calls: list[str] = []
+    done = threading.Event()
+    try:
+        watch = dog.watch(time.monotonic() + 0.1, _Response(a))
+
+        def on_fire() -> None:
+            calls.append(threading.current_thread().name)
+            dog.watch(time.monotonic() + 60, _Response(c)).end()  # would deadlock under lock
+            done.set()
+
+        watch.on_fire = on_fire
+        assert done.wait(10)
+        assert calls == ["zml-deadlines"] and watch.fired
+        assert a.recv(10) == b""  # shut down before the callback ran
+        closing = dog.watch(time.monotonic() + 60, _Response(c))
+        closing.on_fire = lambda: calls.append("at close")
+        dog.close()
+        assert calls == ["zml-deadlines"] and not closing.fired
+    finally:
+        dog.close()
+        for s in (a, b, c, d):
+            s.close()
+
+
+def test_the_loop_watchdog_runs_on_fire_on_the_loop() -> None:
+    a, b = socket.socketpair()
+
+    async def main() -> list[bool]:
+        dog = LoopWatchdog()
+        loop = asyncio.get_running_loop()
+        seen: list[bool] = []
+        fired = asyncio.Event()
+        watch = dog.watch(time.monotonic() + 0.1, _Response(a))
+        watch.on_fire = lambda: (seen.append(asyncio.get_running_loop() is loop), fired.set())
+        await asyncio.wait_for(fired.wait(), 10)
+        dog.close()
+        return seen
+
+    try:
+        assert asyncio.run(main()) == [True]
+    finally:
+        a.close()
+        b.close()

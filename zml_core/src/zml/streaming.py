@@ -37,6 +37,7 @@ for an async one, the deadline thread's wake-up for a sync one), however often t
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -104,6 +105,10 @@ class _Base:
 
     def _adopt(self, opened: tuple[StreamAttempt, list[ChatCompletionChunk]]) -> None:
         op, ready = opened
+        watch = op.watch
+        if watch is not None:  # held unread past its deadline, the stream frees its slot then
+            step = op.step
+            watch.on_fire = functools.partial(step.node.fleet.release, step.reservation)
         scrub = op.step.scrub_answer  # the attempt's credentials, out of each chunk's metadata
         if scrub is not None:
             for chunk in ready:

@@ -14,6 +14,12 @@ extension zml's own transports fill in as soon as it goes out on a connection
 in (with an ``http_client`` of your own, the wait for the headers is then bounded only by the
 socket timeouts).
 
+A watch may carry ``on_fire``, called right after its socket is shut down at the deadline (on
+the watchdog's thread, or the loop, outside the watchdog's lock): an open stream frees its node
+slot there, since the node drops the request when its connection closes, even while the caller
+holds the stream without reading it (the call itself ends, with its ``ZMLTimeoutError``, when
+the stream is next read or closed).
+
 A call with no deadline is watched too, endlessly: closing the client shuts down every response
 still watched, so a call in flight ends at once (with the closed-client error its driver raises,
 see :mod:`zml.dispatch.drivers`) instead of waiting for the node.
@@ -36,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import logging
 import math
 import socket
 import threading
@@ -82,7 +89,7 @@ def _shutdown_by_descriptor(sock: Any) -> None:
 class Watch:
     """One watched response: :meth:`end` it once the call (or its read) is over."""
 
-    __slots__ = ("deadline", "dog", "fired", "response")
+    __slots__ = ("deadline", "dog", "fired", "on_fire", "response")
 
     def __init__(self, dog: Watchdog | LoopWatchdog, deadline: float, response: Any) -> None:
         self.dog: Watchdog | LoopWatchdog = dog
@@ -91,6 +98,8 @@ class Watch:
         """None once ended (the entry no longer keeps the response alive)."""
         self.fired: bool = False
         """True when the watchdog shut the response down at its deadline."""
+        self.on_fire: Callable[[], object] | None = None
+        """Called once the response was shut down at its deadline (not at a client's close)."""
 
     def end(self) -> None:
         """The call is over (or its read is): stop watching its response."""
@@ -139,8 +148,10 @@ class _Heap:
             if response is not None:
                 shutdown_socket(response)
 
-    def due(self, now: float) -> float | None:
-        """Shut down every live entry due at ``now``; the next live deadline (None: none)."""
+    def due(self, now: float, fired: list[Callable[[], object]]) -> float | None:
+        """Shut down every live entry due at ``now`` (appending their ``on_fire`` callbacks
+        to ``fired``, for the caller to run outside its lock); the next live deadline (None:
+        none)."""
         entries = self.entries
         while entries:
             deadline, _, first = entries[0]
@@ -154,7 +165,18 @@ class _Heap:
             self.live -= 1
             first.fired = True
             shutdown_socket(response)
+            if first.on_fire is not None:
+                fired.append(first.on_fire)
         return None
+
+
+def _run_callbacks(fired: list[Callable[[], object]]) -> None:
+    for callback in fired:
+        try:
+            callback()
+        except Exception:  # a watchdog must outlive what it calls
+            logging.getLogger("zml").exception("zml: a deadline callback failed")
+    fired.clear()
 
 
 class Watchdog:
@@ -212,13 +234,24 @@ class Watchdog:
     def _run(self) -> None:
         cond = self._cond
         clock = self._clock
-        with cond:
+        fired: list[Callable[[], object]] = []
+        cond.acquire()
+        try:
             while not self._closed:
-                following = self._heap.due(clock())
+                following = self._heap.due(clock(), fired)
+                if fired:  # outside the lock: a callback may take others (the fleet's)
+                    cond.release()
+                    try:
+                        _run_callbacks(fired)
+                    finally:
+                        cond.acquire()
+                    continue
                 if following is None or following == math.inf:  # none, or endless ones
                     cond.wait()
                 else:  # no wait longer than the platform allows (it would raise, and stop us)
                     cond.wait(min(max(0.0, following - clock()), threading.TIMEOUT_MAX))
+        finally:
+            cond.release()
 
 
 class LoopWatchdog:
@@ -288,6 +321,8 @@ class LoopWatchdog:
     def _fire(self) -> None:
         self._timer = None
         self._timer_at = math.inf
-        following = self._heap.due(self._clock())
+        fired: list[Callable[[], object]] = []
+        following = self._heap.due(self._clock(), fired)
         if following is not None and self._loop is not None and not self._loop.is_closed():
             self._arm(self._loop, following)
+        _run_callbacks(fired)
