@@ -63,6 +63,8 @@ def test_defaults_and_frozen(client: zml.Client) -> None:
         # a year at most, as every other wait (a longer one overflows a thread wait)
         ({"accelerator_chain": ["H100"], "max_queue_ms": 1e300}, "max_queue_ms",
          ["less than or equal to 31536000000"]),
+        ({"accelerator_chain": ["H100"], "affinity": "prefx"}, "affinity",
+         ["'prefx'", "did you mean 'prefix'"]),
     ],
 )
 def test_bad_fields_raise_policy_config_error_at_construction(
@@ -73,6 +75,13 @@ def test_bad_fields_raise_policy_config_error_at_construction(
     assert info.value.field == field
     for fragment in fragments:
         assert fragment in str(info.value), str(info.value)
+
+
+def test_a_policy_dict_without_its_name_says_how_to_name_it(client: zml.Client) -> None:
+    with pytest.raises(zml.PolicyConfigError) as info:
+        client.policy({"accelerator_chain": ["H100"]})
+    assert str(info.value).startswith("a policy: field 'name' is required")  # not "policy None"
+    assert "{'name': 'my-policy', ...}" in str(info.value) and info.value.field == "name"
 
 
 def test_without_any_registry_the_error_says_how_to_fix_it(

@@ -39,6 +39,7 @@ _COST_PRIORITIES = ("cost", "latency", "balanced")
 Strategy = Literal["round_robin", "random", "least_busy", "latency_based"]
 _STRATEGIES = ("round_robin", "random", "least_busy", "latency_based")
 Affinity = Literal["prefix"]
+_AFFINITIES = ("prefix",)
 
 # The registry a Policy being built right now is checked against, when it is not the default
 # one (a client validating a dict or a config table against its own registry). A ContextVar:
@@ -176,7 +177,7 @@ def policy_error_from_validation(exc: ValidationError, name: object) -> PolicyCo
     fld = ".".join(str(p) for p in err["loc"]) or "policy"
     value = err.get("input")
     hint: str | None = None
-    prefix = f"policy {name!r}: "
+    prefix = f"policy {name!r}: " if name is not None else "a policy: "
     if err["type"] == "extra_forbidden":
         hint = suggest(fld, Policy.model_fields)
         msg = f"{prefix}unknown field {fld!r}" + (
@@ -185,12 +186,16 @@ def policy_error_from_validation(exc: ValidationError, name: object) -> PolicyCo
             else f"; the fields are {', '.join(Policy.model_fields)}"
         )
     elif err["type"] == "missing":
-        msg = f"{prefix}field {fld!r} is required"
+        msg = f"{prefix}field {fld!r} is required" + (
+            " (a policy given as a dict names itself: {'name': 'my-policy', ...})"
+            if fld == "name" else "")
     else:
         if fld == "cost_priority" and isinstance(value, str):
             hint = suggest(value, _COST_PRIORITIES)
         elif fld == "strategy" and isinstance(value, str):
             hint = suggest(value, _STRATEGIES)
+        elif fld == "affinity" and isinstance(value, str):
+            hint = suggest(value, _AFFINITIES)
         msg = f"{prefix}{fld} = {value!r}: {err['msg']}" + (
             f"; did you mean {hint!r}?" if hint else ""
         )
