@@ -156,11 +156,10 @@ class Effects:
             # prefilled once its predicted TTFT has passed.
             prefill_by = None if req.stream else op.now + decision.predicted_ttft_ms / 1000.0
             reservation = fleet.reserve(node, op.now, tokens, prefill_by)
-            fallbacks = 0
-            if not req.stream and policy is not None and req.accelerator is None:
-                fallbacks = _later_nodes(fleet, req.model, policy.accelerator_chain,
-                                         decision.family, op.exclude)
-            return Reserved(decision, reservation, decision_us, fallbacks)
+            fallback = (not req.stream and policy is not None and req.accelerator is None
+                        and _later_node(fleet, req.model, policy.accelerator_chain,
+                                        decision.family, op.exclude))
+            return Reserved(decision, reservation, decision_us, fallback)
 
     def notify(self, hook: str, view: CallView, kwargs: Mapping[str, Any]) -> Any:
         """Call plugin hook ``hook`` through pluggy with the request's view, its metadata and
@@ -210,15 +209,15 @@ def could_wait(fleet: Fleet, req: Request, decision: routing.NoRoute, tokens: in
     return False
 
 
-def _later_nodes(fleet: Fleet, model: str, chain: Sequence[str], family: str,
-                 exclude: AbstractSet[str]) -> int:
-    """How many nodes of ``model`` the families of ``chain`` after ``family`` have, not in
-    ``exclude`` (0 when ``family`` is the chain's last): where a failed attempt could go."""
+def _later_node(fleet: Fleet, model: str, chain: Sequence[str], family: str,
+                exclude: AbstractSet[str]) -> bool:
+    """Whether a family of ``chain`` after ``family`` has a node of ``model`` not in
+    ``exclude`` (False when ``family`` is the chain's last): somewhere a failed attempt could
+    go. It stops at the first such node: at most ``len(exclude) + 1`` looked at per family."""
     if family not in chain:
-        return 0
-    count = 0
+        return False
     for later in chain[chain.index(family) + 1:]:
         for node in fleet.nodes_for(model, later):
             if node.id not in exclude:
-                count += 1
-    return count
+                return True
+    return False

@@ -198,7 +198,7 @@ def _step(req: Request, rec: Record, reserved: Reserved, now: float,
         "metadata": dict(req.metadata),
     })
     checked = sum(e.nodes_checked for e in decision.evaluated)
-    alternatives = checked - 1 - len(rec.tried) > 0 or reserved.fallbacks > 0
+    alternatives = reserved.fallback or checked - 1 - len(rec.tried) > 0
     base = decision.base_ttft_ms
     explained = 0.0 if base is None else max(0.0, decision.predicted_ttft_ms - base)
     typical = None if node.service_ms is None else node.service_ms / 1000.0

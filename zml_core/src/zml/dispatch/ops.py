@@ -74,13 +74,13 @@ class Reserve(NamedTuple):
 
 class Reserved(NamedTuple):
     """A slot was reserved: the decision, the reservation, how long deciding took (µs), and
-    (for a non-streamed request) how many nodes of the model the policy's chain has in the
-    families after the chosen one, left untried: where a failed attempt could still go."""
+    (for a non-streamed request) whether the policy's chain has an untried node of the model
+    in a family after the chosen one: somewhere a failed attempt could still go."""
 
     decision: routing.Decision
     reservation: Reservation
     decision_us: float
-    fallbacks: int = 0
+    fallback: bool = False
 
 
 class Behind(NamedTuple):
