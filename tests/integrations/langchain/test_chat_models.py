@@ -19,7 +19,7 @@ from langchain_core.messages import (
 )
 from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
 from langchain_core.runnables import RunnableBinding
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, SecretStr, ValidationError
 
 import zml
 from langchain_zml import ChatZML
@@ -124,16 +124,25 @@ def test_construction_is_lazy_and_config_errors_propagate(tmp_path: Path) -> Non
     assert info.value.field == "config"
 
 
-def test_copies_share_or_drop_the_clients(tmp_path: Path) -> None:
+def test_copies_get_clients_of_their_own(tmp_path: Path) -> None:
+    """A copy never uses the original's clients: made with ``update={"api_key": ...}`` (or
+    another config), it would send the original's key to the original's fleet, or lend it its
+    own (pydantic's copy shares private attributes)."""
     config = tmp_path / "zml.toml"
     config.write_text(
         '[accelerators.H100]\n[[nodes]]\nid = "h100-1"\nfamily = "H100"\n'
         f'url = "http://127.0.0.1:9"\nmodels = ["{MODEL}"]\nmax_concurrency = 1\n'
     )
-    llm = ChatZML(model=MODEL, config=config)
+    llm = ChatZML(model=MODEL, config=config, api_key="team-a-key")
     client = llm._sync_client()  # reads the config; sends nothing
     assert llm._sync_client() is client
-    assert llm.model_copy()._sync_client() is client
+    team_b = llm.model_copy(update={"api_key": SecretStr("team-b-key")})
+    assert team_b._sync_client() is not client
+    assert team_b._sync_client()._dispatcher.headers["authorization"] == "Bearer team-b-key"
+    assert client._dispatcher.headers["authorization"] == "Bearer team-a-key"
+    assert copy.copy(llm)._clients is not llm._clients
+    team_b.close()
+    assert llm._clients.built  # closing the copy leaves the original's client alone
     for clone in (copy.deepcopy(llm), pickle.loads(pickle.dumps(llm))):
         assert isinstance(clone, ChatZML)
         assert clone.model == MODEL

@@ -21,6 +21,7 @@ from llama_index.core.base.llms.types import (
 )
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.tools import FunctionTool
+from pydantic import SecretStr
 
 import zml
 from llama_index.llms.zml import ZML
@@ -105,6 +106,23 @@ def test_policy_and_accelerator_together_are_refused_at_construction(tmp_path: P
 def test_no_client_before_first_call() -> None:
     llm = ZML(model="m", config="/nonexistent/zml.toml")  # read lazily, on the first call
     assert not llm._clients.built
+
+
+def test_a_copy_gets_clients_of_its_own(tmp_path: Path) -> None:
+    """``model_copy(update={"api_key": ...})`` must not send the original's key (pydantic's
+    copy shares private attributes: the copy's first call built the clients for both)."""
+    config = tmp_path / "zml.toml"
+    config.write_text(
+        '[accelerators.H100]\n[[nodes]]\nid = "h100-1"\nfamily = "H100"\n'
+        'url = "http://127.0.0.1:9"\nmodels = ["m"]\nmax_concurrency = 1\n')
+    llm = ZML(model="m", config=config, api_key="team-a-key")
+    team_b = llm.model_copy(update={"api_key": SecretStr("team-b-key")})
+    assert team_b._clients is not llm._clients
+    assert team_b._get_client()._dispatcher.headers["authorization"] == "Bearer team-b-key"
+    assert llm._get_client()._dispatcher.headers["authorization"] == "Bearer team-a-key"
+    team_b.close()
+    assert llm._clients.built
+    llm.close()
 
 
 def test_request_parameters() -> None:

@@ -15,7 +15,9 @@ every event loop needs its own. :class:`LoopClients` does both, once, for every 
   there is nothing left to await), without a "Task was destroyed but it is pending" error: no
   task is left waiting in the loop;
 - thread-safe: a lock guards every build, so concurrent first calls build one client;
-- copies (``copy.deepcopy``, pickling) start empty: clients hold sockets, never copied.
+- copies (``copy.deepcopy``, pickling) start empty: clients hold sockets, never copied. An
+  adapter gives its shallow copies (pydantic's ``model_copy``) a new ``LoopClients`` too: a
+  copy may have another ``api_key`` or config, and must never use the original's clients.
 
 The clients of one ``LoopClients`` share one fleet (built with ``fleet=`` the first client's):
 one integration object is one set of capacity accounting, however it is called (sync, async,

@@ -187,6 +187,15 @@ class ChatZML(BaseChatModel):
 
     _clients: zml.LoopClients = PrivateAttr(default_factory=zml.LoopClients)
 
+    def __copy__(self) -> ChatZML:
+        """A copy (``model_copy``, ``copy.copy``) with zml clients of its own, built on its
+        first call from its own fields: pydantic's copy shares private attributes, so a copy
+        made with ``update={"api_key": ...}`` (or another config) would otherwise send the
+        original's key to the original's fleet, or lend it its own."""
+        copied = super().__copy__()
+        copied._clients = zml.LoopClients()
+        return copied
+
     @field_validator("config", mode="before")
     @classmethod
     def _config_path_as_text(cls, value: Any) -> Any:

@@ -156,6 +156,15 @@ class ZML(FunctionCallingLLM):
 
     _clients: zml.LoopClients = PrivateAttr(default_factory=zml.LoopClients)
 
+    def __copy__(self) -> ZML:
+        """A copy (``model_copy``, ``copy.copy``) with zml clients of its own, built on its
+        first call from its own fields: pydantic's copy shares private attributes, so a copy
+        made with ``update={"api_key": ...}`` (or another config) would otherwise send the
+        original's key to the original's fleet, or lend it its own."""
+        copied = super().__copy__()
+        copied._clients = zml.LoopClients()
+        return copied
+
     def __init__(self, **data: Any) -> None:
         super().__init__(**data)
         # Here rather than in a validator: pydantic would wrap zml.InvalidRequestError (a
