@@ -322,3 +322,60 @@ def test_one_bad_node_does_not_stop_the_others_being_probed(fleet: Fleet) -> Non
     results = {r.node_id: r for r in asyncio.run(main())}
     assert results["t"].load == 22
     assert fleet.node("t").reported_load == 22
+
+
+def test_the_async_prober_probes_every_interval_and_stops(fleet: Fleet) -> None:
+    transport, seen = scripted(ANSWERS)
+
+    async def main() -> tuple[int, int]:
+        async with httpx2.AsyncClient(transport=transport) as http:
+            prober = Prober(fleet, interval_s=0.05)
+            prober.start(http)
+            prober.start(http)  # idempotent: one schedule
+            for _ in range(400):  # a hang guard; three rounds come within 0.1 s or so
+                if seen.count("v/health") >= 3:
+                    break
+                await asyncio.sleep(0.01)
+            await prober.stop()
+            rounds = seen.count("v/health")
+            await asyncio.sleep(0.2)
+            return rounds, seen.count("v/health")
+
+    rounds, later = asyncio.run(main())
+    assert rounds >= 3 and later == rounds  # nothing after stop()
+
+
+def test_a_loop_closed_without_shutdown_leaves_no_prober_task_behind(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Between rounds only a loop timer waits: ``run_until_complete`` then ``close()`` (no
+    task cancellation) logs no "Task was destroyed but it is pending"; the prober moves to the
+    next loop it is started in."""
+    import gc
+
+    transport, seen = scripted(ANSWERS)
+    prober = Prober(fleet, interval_s=0.05)
+    http = httpx2.AsyncClient(transport=transport)
+
+    async def use() -> None:
+        prober.start(http)
+        while seen.count("v/health") < 1:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the round has ended: its timer waits
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(use())
+    loop.close()
+    del loop
+    gc.collect()
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+    async def again() -> None:
+        before = seen.count("v/health")
+        prober.start(http)  # the old loop's schedule is gone: a new one here
+        while seen.count("v/health") < before + 2:
+            await asyncio.sleep(0.01)
+        await prober.stop()
+        await http.aclose()
+
+    asyncio.run(asyncio.wait_for(again(), 30))

@@ -159,6 +159,8 @@ class Prober:
     def __init__(self, fleet: Fleet, interval_s: float = 2.0) -> None:
         self.fleet = fleet
         self.interval_s = interval_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
 
     def probe_all(self, http: httpx2.Client) -> list[ProbeResult]:
@@ -174,22 +176,44 @@ class Prober:
         return list(results)
 
     def start(self, http: httpx2.AsyncClient) -> None:
-        """Start probing in the running event loop (idempotent)."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(http))
+        """Start probing in the running event loop (idempotent; in a new loop, it moves there).
 
-    async def _run(self, http: httpx2.AsyncClient) -> None:
-        while True:
-            try:
-                await self.aprobe_all(http)
-            except Exception as exc:  # a prober must never die of one bad answer
-                log.warning("zml prober: %s", exc)
-            await asyncio.sleep(self.interval_s)
+        A round is a task; between rounds only a loop timer waits, so a loop closed without
+        its shutdown (``run_until_complete`` then ``close``) drops the prober silently, with
+        no pending task to be destroyed, unless a round is under way at that moment."""
+        loop = asyncio.get_running_loop()
+        if self._loop is loop and (self._timer is not None or self._task is not None):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._loop = loop
+        self._timer = None
+        self._task = loop.create_task(self._round(http))
+
+    async def _round(self, http: httpx2.AsyncClient) -> None:
+        try:
+            await self.aprobe_all(http)
+        except Exception as exc:  # a prober must never die of one bad answer
+            log.warning("zml prober: %s", exc)
+        loop = asyncio.get_running_loop()
+        if self._loop is loop and self._task is asyncio.current_task():
+            self._task = None
+            self._timer = loop.call_later(self.interval_s, self._next_round, http)
+
+    def _next_round(self, http: httpx2.AsyncClient) -> None:
+        loop = self._loop
+        self._timer = None
+        if loop is not None and self._task is None:
+            self._task = loop.create_task(self._round(http))
 
     async def stop(self) -> None:
-        """Stop the probing task."""
+        """Stop probing: the timer, and the round under way (awaited)."""
+        timer, self._timer = self._timer, None
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
+        self._loop = None
+        if timer is not None:
+            timer.cancel()
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
+            task.cancel()  # (a round of a loop closed mid-round stays as it is: it never runs)
             with contextlib.suppress(asyncio.CancelledError):
                 await task
