@@ -33,6 +33,9 @@ accelerator_chain = ["A100"]
         (["--live", "--strategy", "round_robin"], "--live replays policy rows only"),
         (["--live", "--time-scale", "0"], "--time-scale must be a number > 0"),
         (["--live", "--concurrency", "0"], "--concurrency must be >= 1"),
+        # options of a live replay only: accepted and ignored, they misled
+        (["--concurrency", "5"], "--concurrency applies only to a --live replay"),
+        (["--time-scale", "0.5"], "--time-scale applies only to a --live replay"),
     ],
 )
 def test_bad_live_input_is_one_clear_error_with_status_2(

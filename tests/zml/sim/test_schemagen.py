@@ -4,6 +4,7 @@ for random ones drawn by hypothesis."""
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -195,3 +196,22 @@ def _with_defs(draw):
 @given(schema=_with_defs(), seed=st.integers(0, 2**32))
 def test_random_schemas_validate(schema, seed):
     _check(schema, seeds=[seed])
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "minLength": 3_000_000},
+    {"type": "array", "minItems": 10**9},
+    {"type": "object", "minProperties": 10**9},
+    # each bound alone is small; nested, they multiply
+    {"type": "array", "minItems": 1000, "items": {"type": "array", "minItems": 1000}},
+])
+def test_a_schema_demanding_a_huge_value_fails_after_bounded_work(schema: dict[str, Any]) -> None:
+    """A structured-output request with ``minLength: 3000000`` took the simulated node minutes
+    (the text grew by concatenation) and froze every node of the process meanwhile."""
+    with pytest.raises(SchemaGenerationError, match="larger than 200,000"):
+        generate_json(schema, random.Random(0))
+
+
+def test_a_long_min_length_is_met_exactly_as_before() -> None:
+    text = generate_json({"type": "string", "minLength": 5000}, random.Random(3))
+    assert 5000 <= len(text) < 5100 and "  " not in text

@@ -82,6 +82,15 @@ def test_limit_and_rate_scale():
          "arrival_ms"),
         ("k.jsonl", '{"arrival_ms": 0, "prompt_tokens": 0, "output_tokens": 1}\n', 1,
          "prompt_tokens"),
+        # a time that never comes: replayed, it crashed, dropped a request or never ended
+        ("l.jsonl", '{"arrival_ms": 0, "prompt_tokens": 5, "output_tokens": 1}\n'
+         '{"arrival_ms": Infinity, "prompt_tokens": 5, "output_tokens": 1}\n', 2, "arrival_ms"),
+        ("m.jsonl", '{"timestamp": 1e400, "input_length": 5, "output_length": 1}\n', 1,
+         "timestamp"),
+        ("o.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,12,3,9\n",
+         2, None),
+        ("n.jsonl", '{"arrival_ms": 1' + "0" * 400 + ', "prompt_tokens": 5, '
+         '"output_tokens": 1}\n', 1, "arrival_ms"),
     ],
 )
 def test_a_malformed_row_names_file_line_and_field(tmp_path, name, text, line, field):

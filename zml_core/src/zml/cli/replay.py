@@ -53,9 +53,9 @@ def add_replay_parser(sim_sub: Any) -> None:
     p.add_argument("--live", action="store_true", help="send the trace in real time to the "
                    "config's nodes (simulated or real) with zml.AsyncClient instead of "
                    "modelling them (policy rows)")
-    p.add_argument("--concurrency", type=int, default=64, metavar="N",
+    p.add_argument("--concurrency", type=int, default=None, metavar="N",
                    help="--live: requests in flight at most (default 64)")
-    p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
+    p.add_argument("--time-scale", type=float, default=None, metavar="X",
                    help="--live: the --time-scale the simulated nodes run with (waits are "
                    "scaled by it, figures reported in the trace's seconds)")
     p.set_defaults(handler=run_replay)
@@ -86,6 +86,14 @@ def run_replay(args: argparse.Namespace) -> int:
                                   param="rate_scale")
     if args.limit is not None and args.limit < 1:
         raise InvalidRequestError(f"--limit must be >= 1, got {args.limit!r}", param="limit")
+    for flag, given in (("--concurrency", args.concurrency), ("--time-scale", args.time_scale)):
+        if given is not None and not args.live:
+            raise InvalidRequestError(
+                f"{flag} applies only to a --live replay (a modelled one has no requests in "
+                f"flight nor node time scale): add --live, or leave {flag} out",
+                param=flag[2:].replace("-", "_"))
+    args.concurrency = 64 if args.concurrency is None else args.concurrency
+    args.time_scale = 1.0 if args.time_scale is None else args.time_scale
     if not (math.isfinite(args.time_scale) and args.time_scale > 0):
         raise InvalidRequestError(f"--time-scale must be a number > 0, got {args.time_scale!r}",
                                   param="time_scale")

@@ -14,7 +14,10 @@ exclusive in both the draft-4 and the later form) and `multipleOf`. Not honoured
 `not`, `if`/`then`/`else`, `contains`, `dependencies`.
 
 Optional properties appear about half of the time; past depth 6 only what is required is
-generated, so recursive schemas terminate.
+generated, so recursive schemas terminate. A value is at most :data:`MAX_SIZE` units large (one
+per value, one per character of text): a schema that demands more (``minLength``, ``minItems``,
+``minProperties`` in the millions, or nested ones that multiply) raises
+:class:`SchemaGenerationError` after bounded work, instead of keeping the node busy.
 
 `accepts` checks a *scalar* (a string, number, boolean or null, e.g. a tool argument read from
 the prompt) against a schema, exactly: `type`, `const`, `enum`, number bounds and `multipleOf`,
@@ -36,10 +39,13 @@ from typing import Any
 
 from zml.sim.textgen import WORDS
 
-__all__ = ["SchemaGenerationError", "accepts", "declared_types", "generate_json", "json_type"]
+__all__ = ["MAX_SIZE", "SchemaGenerationError", "accepts", "declared_types", "generate_json",
+           "json_type"]
 
 _SOFT_DEPTH = 6
 _HARD_DEPTH = 40
+MAX_SIZE = 200_000
+"""The largest value generated, in values plus characters of text (about 200 KB of JSON)."""
 _NON_SCHEMA_KEYS = ("allOf", "anyOf", "oneOf", "$ref")
 
 
@@ -56,10 +62,19 @@ class _Generator:
     def __init__(self, root: Any, rng: random.Random) -> None:
         self.root = root
         self.rng = rng
+        self.left = MAX_SIZE
+
+    def spend(self, size: int) -> None:
+        """Count ``size`` units of the value being built against :data:`MAX_SIZE`."""
+        self.left -= size
+        if self.left < 0:
+            raise SchemaGenerationError(
+                f"the schema demands a value larger than {MAX_SIZE:,} values and characters")
 
     def value(self, schema: Any, depth: int) -> Any:
         if depth > _HARD_DEPTH:
             raise SchemaGenerationError("schema nests too deep (an unavoidable recursion?)")
+        self.spend(1)
         if schema is True or schema is None:
             return self.string({})
         if schema is False:
@@ -176,6 +191,8 @@ class _Generator:
         prefix = prefix if isinstance(prefix, list) else []
         low = int(schema.get("minItems", 0))
         high = schema.get("maxItems")
+        if low > self.left:
+            self.spend(low)  # raises: no room for that many items, whatever they are
         count = low if depth >= _SOFT_DEPTH else max(low, self.rng.randint(1, 3))
         if items is False:
             count = min(count, len(prefix))
@@ -212,8 +229,17 @@ class _Generator:
         else:
             text = " ".join(WORDS[rng.randrange(len(WORDS))] for _ in range(rng.randint(1, 3)))
         low = schema.get("minLength", 0)
-        while len(text) < low:
-            text += " " + WORDS[rng.randrange(len(WORDS))]
+        if isinstance(low, (int, float)) and len(text) < low:
+            self.spend(int(min(low, MAX_SIZE + 1)))  # before any work: at most MAX_SIZE more
+            parts = [text]
+            size = len(text)
+            while size < low:
+                word = WORDS[rng.randrange(len(WORDS))]
+                parts.append(word)
+                size += len(word) + 1
+            text = " ".join(parts)
+        else:
+            self.spend(len(text))
         high = schema.get("maxLength")
         if isinstance(high, int) and len(text) > high:
             text = text[:high]

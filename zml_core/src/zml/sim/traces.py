@@ -24,9 +24,11 @@ Every format: rows must be in arrival order (non-decreasing times); token counts
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as _dt
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -191,11 +193,17 @@ def _int(path: str, line: int, field: str, value: Any, minimum: int) -> int:
 
 
 def _time(path: str, line: int, field: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise _fail(path, line, field, f"expected a number of milliseconds, got {value!r}")
-    if value < 0:
+    seconds = math.nan
+    if not isinstance(value, bool) and isinstance(value, (int, float)):
+        with contextlib.suppress(OverflowError):  # an int too large for a float
+            seconds = float(value) / 1000.0
+    if not math.isfinite(seconds):  # NaN and infinity too: a time that never comes
+        shown = repr(value)
+        raise _fail(path, line, field, "expected a finite number of milliseconds, got "
+                    + (shown if len(shown) <= 40 else shown[:37] + "..."))
+    if seconds < 0:
         raise _fail(path, line, field, f"must be >= 0, got {value}")
-    return float(value) / 1000.0
+    return seconds
 
 
 def _timestamp(path: str, line: int, value: str) -> float:
@@ -234,6 +242,9 @@ def _azure(path: str) -> Iterator[tuple[int, Arrival]]:
             if len(row) < width:
                 field = _AZURE_COLUMNS[[i >= len(row) for i in at].index(True)]
                 raise _fail(path, line, field, "missing value")
+            if len(row) > len(names):  # a value in no column: the row is not what it seems
+                raise _fail(path, line, None, f"has {len(row)} values but the header names "
+                            f"{len(names)} columns (a comma inside a value must be quoted)")
             t = _timestamp(path, line, row[at[0]])
             if start is None:
                 start = t
