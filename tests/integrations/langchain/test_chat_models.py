@@ -151,6 +151,10 @@ def test_copies_get_clients_of_their_own(tmp_path: Path) -> None:
     assert not llm._clients.built
 
 
+def test_model_name_reads_as_in_chat_openai() -> None:
+    assert ChatZML(model_name=MODEL).model_name == MODEL == ChatZML(model=MODEL).model_name
+
+
 def test_identifying_and_langsmith_params() -> None:
     policy: dict[str, Any] = {"name": "adhoc", "accelerator_chain": ["H100"]}
     llm = ChatZML(model=MODEL, policy=policy, temperature=0.5, max_tokens=64, stop=["END"])
@@ -192,6 +196,24 @@ def test_serialization_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
     assert loaded.asdict() == llm.asdict()
     assert loaded.api_key is not None
     assert loaded.api_key.get_secret_value() == "sk-secret"
+
+
+@pytest.mark.filterwarnings("ignore:The function `loads` is in beta")
+def test_timeouts_and_a_registry_from_a_file_survive_dumps_and_loads(tmp_path: Path) -> None:
+    """Both are documented field types; dumps() wrote them as "not_implemented", which
+    loads() refuses."""
+    config = tmp_path / "zml.toml"
+    config.write_text('[accelerators.H100]\n[[nodes]]\nid = "h100-1"\nfamily = "H100"\n'
+                      f'url = "http://127.0.0.1:9"\nmodels = ["{MODEL}"]\nmax_concurrency = 1\n')
+    timeouts = zml.Timeouts(total=5, first_token=2)
+    llm = ChatZML(model=MODEL, config=zml.config.load_registry(config), timeout=timeouts,
+                  api_key="sk-secret")
+    text = dumps(llm)
+    assert "not_implemented" not in text and "sk-secret" not in text
+    loaded = loads(text, valid_namespaces=["langchain_zml"], allowed_objects=[ChatZML],
+                   secrets_map={"ZML_API_KEY": "sk-secret"})
+    assert isinstance(loaded, ChatZML)
+    assert loaded.timeout == timeouts and loaded.config == str(config)
 
 
 @pytest.mark.filterwarnings("ignore:The function `loads` is in beta")

@@ -247,6 +247,18 @@ def _tool_response(*calls: ToolCallBlock) -> ChatResponse:
     return ChatResponse(message=ChatMessage(role="assistant", blocks=list(calls)))
 
 
+def test_strict_tools_as_llama_index_openai_sends_them() -> None:
+    """``chat_with_tools(..., strict=True)`` was refused as an unknown parameter."""
+    llm = ZML(model="m")
+    tool = FunctionTool.from_defaults(fn=get_weather)
+    strict = llm._prepare_chat_with_tools([tool], user_msg="x", strict=True)
+    function = strict["tools"][0]["function"]
+    assert function["strict"] is True and function["parameters"]["additionalProperties"] is False
+    assert "strict" not in strict  # a tool setting, not a request parameter
+    plain = llm._prepare_chat_with_tools([tool], user_msg="x")
+    assert "strict" not in plain["tools"][0]["function"]
+
+
 def test_tool_calls_from_partial_json() -> None:
     llm = ZML(model="m")
     partial = _tool_response(ToolCallBlock(tool_call_id="c1", tool_name="get_weather",

@@ -9,6 +9,7 @@ Routing, failover, timeouts and policy validation are zml's; its errors (``Routi
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -196,11 +197,24 @@ class ChatZML(BaseChatModel):
         copied._clients = zml.LoopClients()
         return copied
 
+    @property
+    def model_name(self) -> str:
+        """``model``, under ChatOpenAI's attribute name (also accepted as an argument)."""
+        return self.model
+
     @field_validator("config", mode="before")
     @classmethod
     def _config_path_as_text(cls, value: Any) -> Any:
         # A path is kept as its text, which dumps()/loads() can carry (a Path they cannot).
         return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeouts_from_their_fields(cls, value: Any) -> Any:
+        # The mapping dumps() writes for a zml.Timeouts (see lc_attributes), read back.
+        if isinstance(value, dict):
+            return zml.Timeouts(**value)
+        return value
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -296,12 +310,19 @@ class ChatZML(BaseChatModel):
 
     @property
     def lc_attributes(self) -> dict[str, Any]:
-        # dumps() would write a zml.Policy (not a LangChain Serializable) as "not_implemented",
-        # which loads() refuses. Its dict of fields is a policy= too: the client builds the
-        # same Policy from it, against its own registry, as it checks a Policy against it.
+        # dumps() would write a zml.Policy, zml.Timeouts or zml.Registry (not LangChain
+        # Serializables) as "not_implemented", which loads() refuses; they go as plain data:
+        # a Policy as its dict of fields (a policy= too: the client builds the same Policy
+        # from it, against its own registry), Timeouts as its fields (read back by the
+        # timeout validator), a Registry read from a file as that file's path.
+        out: dict[str, Any] = {}
         if isinstance(self.policy, zml.Policy):
-            return {"policy": self.policy.model_dump(mode="json")}
-        return {}
+            out["policy"] = self.policy.model_dump(mode="json")
+        if isinstance(self.timeout, zml.Timeouts):
+            out["timeout"] = dataclasses.asdict(self.timeout)
+        if isinstance(self.config, zml.Registry) and self.config.source is not None:
+            out["config"] = self.config.source
+        return out
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         model = kwargs.get("model")

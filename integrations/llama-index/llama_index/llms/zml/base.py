@@ -369,12 +369,16 @@ class ZML(FunctionCallingLLM):
         allow_parallel_tool_calls: bool = False,
         tool_required: bool = False,
         tool_choice: str | dict[str, Any] | None = None,
+        strict: bool | None = None,
         **kwargs: Any,
     ) -> dict[str, Any]:
         """The ``chat`` arguments for a turn with tools.
 
         ``tool_choice`` (``"auto"``, ``"none"``, ``"required"``, a tool's name or an OpenAI
         named-function dict) wins over ``tool_required``, which asks for ``"required"``.
+        ``strict=True`` asks the node to follow each tool's parameter schema exactly (OpenAI's
+        structured outputs: every function is sent ``"strict": true``, its parameters closed
+        to other properties), as llama-index's OpenAI LLM does.
         """
         messages = list(chat_history or [])
         if isinstance(user_msg, str):
@@ -383,6 +387,14 @@ class ZML(FunctionCallingLLM):
             messages.append(user_msg)
         request: dict[str, Any] = {"messages": messages, **kwargs}
         specs = [tool.metadata.to_openai_tool(skip_length_check=True) for tool in tools]
+        if strict:
+            for spec in specs:
+                function = spec.get("function")
+                if spec.get("type") == "function" and isinstance(function, dict):
+                    function["strict"] = True
+                    parameters = function.get("parameters")
+                    if isinstance(parameters, dict):
+                        parameters["additionalProperties"] = False
         if specs:
             request["tools"] = specs
             request["tool_choice"] = _resolve_tool_choice(tool_choice, tool_required)
