@@ -182,7 +182,9 @@ class Prober:
         its shutdown (``run_until_complete`` then ``close``) drops the prober silently, with
         no pending task to be destroyed, unless a round is under way at that moment."""
         loop = asyncio.get_running_loop()
-        if self._loop is loop and (self._timer is not None or self._task is not None):
+        task = self._task
+        if self._loop is loop and (self._timer is not None
+                                   or (task is not None and not task.done())):
             return
         if self._timer is not None:
             self._timer.cancel()

@@ -262,7 +262,10 @@ def _as_mapping(msg: object) -> object:
     dump = getattr(type(msg), "model_dump", None)
     if dump is None or not callable(dump):
         return msg
-    return dump(msg, mode="json", exclude_none=True)
+    try:
+        return dump(msg, mode="json", exclude_none=True)
+    except Exception:  # not pydantic's, or not serialisable: refused as not a mapping
+        return msg
 
 
 def validate_messages(messages: object) -> list[dict[str, Any]]:
