@@ -124,3 +124,27 @@ def test_streams_release_their_lease_when_closed(config: Path) -> None:
         with c.infer_stream("m", MSGS, policy="prod") as stream:
             assert "".join(ch.choices[0].delta.content or "" for ch in stream) == "a"
     assert len(ledger.granted) == 2 and sorted(ledger.granted) == sorted(ledger.released)
+
+
+class Routed:
+    """Records the node of every zml_request_routed."""
+
+    def __init__(self) -> None:
+        self.nodes: list[str] = []
+
+    @zml.hookimpl
+    def zml_request_routed(self, routing: Any) -> None:
+        self.nodes.append(routing.node_id)
+
+
+def test_a_node_whose_lease_is_refused_is_never_reported_routed(config: Path) -> None:
+    """The hook is "called once per attempt, before the request is sent": it fired for the
+    node whose lease was refused too, which a plugin counting load per node never saw end."""
+    ledger = MemoryLedger({"h100-a": 2})
+    routed = Routed()
+    transport = httpx2.MockTransport(handler)
+    with zml.Client(config=config, http_client=httpx2.Client(transport=transport)) as c:
+        c.fleet.ledger = ledger
+        c.plugins.register(routed, name="routed")
+        assert c.infer("m", MSGS, policy="prod").routing.node_id == "mi-a"
+    assert routed.nodes == ["mi-a"]

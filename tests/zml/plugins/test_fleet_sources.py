@@ -113,6 +113,23 @@ def test_a_fleet_source_that_raises_is_a_policy_error_naming_it(
         zml.Policy(name="p", accelerator_chain=["H100"])  # validated against the same fleet
 
 
+class RaisingRegistration:
+    @zml.hookimpl
+    def zml_register_fleet_sources(self, register: Callable[[Any], None]) -> None:
+        raise RuntimeError("inventory client misconfigured")
+
+
+def test_a_registration_that_raises_names_its_plugin(config: Path) -> None:
+    zml.plugins.register(RaisingRegistration(), name="lab-inventory")
+    try:
+        with pytest.raises(zml.PolicyConfigError,
+                           match=r"plugin 'lab-inventory''s zml_register_fleet_sources failed: "
+                                 r"RuntimeError: inventory client misconfigured"):
+            zml.Client(config=config)
+    finally:
+        zml.plugins.unregister(name="lab-inventory")
+
+
 def test_registering_something_that_is_not_a_fleet_source_is_a_policy_error(
     config: Path
 ) -> None:

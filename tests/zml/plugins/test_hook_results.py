@@ -215,10 +215,39 @@ def test_a_ledger_that_raises_does_not_fail_the_request(
 def test_a_ledger_plugin_returning_something_else_fails_the_build(config: Path) -> None:
     zml.plugins.register(LedgerPlugin({"acquire": True}), name="dict-ledger")
     try:
-        with pytest.raises(zml.PolicyConfigError, match=r"not a zml\.ledger\.SlotLedger"):
+        with pytest.raises(zml.PolicyConfigError,
+                           match=r"plugin 'dict-ledger' returned a dict .*not a "
+                                 r"zml\.ledger\.SlotLedger"):
             zml.Client(config=config)
     finally:
         zml.plugins.unregister(name="dict-ledger")
+
+
+class RaisingLedgerPlugin:
+    @zml.hookimpl(tryfirst=True)
+    def zml_slot_ledger(self) -> object:
+        raise RuntimeError("store misconfigured")
+
+
+def test_a_ledger_plugin_that_raises_leaves_another_plugin_s_ledger_in_use(
+        config: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """It was one pluggy call: the first exception ended it, and the client kept local
+    counts only, although another plugin had a working ledger (replicas then oversubscribe)."""
+    ledger = Ledger("never")
+    zml.plugins.register(LedgerPlugin(ledger), name="good-ledger")
+    zml.plugins.register(RaisingLedgerPlugin(), name="broken-ledger")  # asked first
+    try:
+        with caplog.at_level(logging.WARNING, logger="zml.plugins"):
+            client = zml.Client(config=config)
+    finally:
+        zml.plugins.unregister(name="broken-ledger")
+        zml.plugins.unregister(name="good-ledger")
+    try:
+        assert client.fleet.ledger is ledger
+        warned = [r.getMessage() for r in caplog.records if r.name == "zml.plugins"]
+        assert len(warned) == 1 and "'broken-ledger'" in warned[0]
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize(("stop_after", "ending"), [(1, "cancelled"), (2, "completed")])

@@ -28,12 +28,13 @@ def fake_dist(
     a module that does not exist). Returns entry point name -> module name."""
     created: list[str] = []
 
-    def make(plugins: dict[str, str | None]) -> dict[str, str]:
+    def make(plugins: dict[str, str | None], dist: str | None = None) -> dict[str, str]:
         n = next(_counter)
+        dist = dist or f"fakeplug{n}"
         site = tmp_path / f"site{n}"
-        info = site / f"fakeplug{n}-1.0.dist-info"
+        info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
         info.mkdir(parents=True)
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fakeplug{n}\nVersion: 1.0\n")
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
         lines = ["[zml]"]
         modules = {}
         for ep, source in plugins.items():
@@ -45,7 +46,7 @@ def fake_dist(
                 created.append(module)
         (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
         monkeypatch.syspath_prepend(str(site))
-        modules["dist"] = f"fakeplug{n}"
+        modules["dist"] = dist
         return modules
 
     yield make
@@ -107,6 +108,16 @@ def test_zml_plugins_selects_by_entry_point_or_distribution(fake_dist: Any) -> N
     assert discover(pm, {"ZML_PLUGINS": ""}) == []
     with pytest.warns(RuntimeWarning, match="not installed: nothere"):
         discover(PluginManager(), {"ZML_PLUGINS": "good,nothere"})
+
+
+def test_zml_plugins_names_a_distribution_in_any_spelling_of_its_name(fake_dist: Any) -> None:
+    """As pip does (PEP 503): "zml_policy_sqlite" named nothing installed, and loaded
+    nothing, while zml-policy-sqlite was installed."""
+    dist = fake_dist({"hyphenated": GOOD}, dist=f"fake-plug-{next(_counter)}")["dist"]
+    for spelling in (dist.replace("-", "_"), dist.upper(), dist.replace("-", ".")):
+        pm = PluginManager()
+        discover(pm, {"ZML_PLUGINS": spelling})
+        assert names(pm) == {"hyphenated"}, spelling
 
 
 def test_installed_plugins_are_called_in_entry_point_name_order(fake_dist: Any) -> None:

@@ -174,7 +174,8 @@ def test_a_registration_that_raises_when_the_client_is_built_fails_named_lookups
     finally:
         zml.plugins.unregister(name="down-at-build")
     assert "zml_register_policy_sources failed" in caplog.text and "hunter2pw" not in caplog.text
-    with pytest.raises(zml.PolicyConfigError, match="zml_register_policy_sources failed"):
+    with pytest.raises(zml.PolicyConfigError,
+                       match="plugin 'down-at-build''s zml_register_policy_sources failed"):
         driver.infer(policy="prod")
     assert driver.infer(accelerator="H100").routing.node_id == "h100-a"  # no name: it routes
     driver.plugins.unregister(name="down-at-build")

@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from ..errors import (
     ClientConfigError,
     NodeError,
+    ZMLError,
     ZMLTimeoutError,
     closed_client,
     credentials,
+    safe_detail,
     scrub,
 )
 from . import flow as flows
@@ -354,9 +356,12 @@ def _outcome(call: Call, send: Callable[[Step], _T], step: Step) -> _T | NodeErr
         _check_open(call)
         scrub(exc, call.credentials(step))  # a node may quote the key it was sent
         return exc
-    except Exception:
-        _check_open(call)  # e.g. httpx2's RuntimeError for a send on a closed client
+    except (ZMLError, CallStopped):
+        _check_open(call)
         raise
+    except Exception as exc:  # not the node's answer: the HTTP stack could not send
+        _check_open(call)
+        raise _not_sent(call, step, exc) from exc
     call.answered(step, answer)  # ... in its answer too
     return answer
 
@@ -369,11 +374,28 @@ async def _aoutcome(call: Call, send: Callable[[Step], Awaitable[_T]], step: Ste
         _check_open(call)
         scrub(exc, call.credentials(step))  # a node may quote the key it was sent
         return exc
-    except Exception:
+    except (ZMLError, CallStopped):
         _check_open(call)
         raise
+    except Exception as exc:  # not the node's answer: the HTTP stack could not send
+        _check_open(call)
+        raise _not_sent(call, step, exc) from exc
     call.answered(step, answer)  # ... in its answer too
     return answer
+
+
+def _not_sent(call: Call, step: Step, exc: Exception) -> ClientConfigError:
+    """The error for a send that failed on this side with an exception that is no transport
+    error (httpx2's RuntimeError for a send on a closed ``http_client``, a custom transport's
+    own): a ClientConfigError, so the request fails (not "cancelled"), once, and no node is
+    blamed; its message is scrubbed of the attempt's credentials."""
+    err = ClientConfigError(
+        f"the HTTP client could not send the request to node {step.node.id!r}: "
+        f"{type(exc).__name__}: {safe_detail(str(exc), 300)}; an http_client you passed must "
+        "stay open while zml uses it (and its transport must send): pass an open one, or "
+        "build a new client", param="http_client")
+    scrub(err, call.credentials(step))
+    return err
 
 
 def _ledger(call: Call) -> Any:

@@ -146,14 +146,14 @@ def attempt_flow(
         step = _step(req, rec, result, now, settings)
         rec.current = step
         rec.tried.add(step.node.id)
-        yield Notify("zml_request_routed", {"routing": step.routing})
         if settings.leases:
             granted = yield Lease(step)
-            if not granted:
+            if not granted:  # the node is full elsewhere: never sent to, never "routed"
                 yield Release(step.reservation, refused=True, now=now)
                 rec.tried.discard(step.node.id)
                 rec.current = None
                 continue
+        yield Notify("zml_request_routed", {"routing": step.routing})
         if ticket is not None and ticket.queued:
             yield Dequeue(ticket)  # the next request for this model may route now
         step.sent_at = yield Now()

@@ -49,12 +49,17 @@ def collect_fleet_sources(pm: PluginManager, config: Registry) -> list[FleetSour
         if not any(s is source for s in sources):
             sources.append(source)
 
-    try:
-        pm.hook.zml_register_fleet_sources(register=register, config=config)
-    except PolicyConfigError:
-        raise
-    except Exception as exc:
-        raise plugin_failure("a plugin's zml_register_fleet_sources", exc, "nodes") from exc
+    arguments = {"register": register, "config": config}
+    for impl in pm.impls("zml_register_fleet_sources"):  # in call order, as pluggy calls
+        if impl.wrapper or impl.hookwrapper:
+            continue  # (one implementation at a time: there is no inner call to wrap)
+        try:
+            impl.function(*[arguments[name] for name in impl.argnames])
+        except PolicyConfigError:
+            raise
+        except Exception as exc:
+            raise plugin_failure(f"plugin {impl.plugin_name!r}'s zml_register_fleet_sources",
+                                 exc, "nodes") from exc
     return sources
 
 
@@ -133,19 +138,34 @@ def _node(value: NodeConfig | Mapping[str, Any], where: str) -> NodeConfig:
 
 
 def slot_ledger(pm: PluginManager, fleet: Fleet, registry: Registry) -> SlotLedger | None:
-    """Ask ``zml_slot_ledger`` for a client's ledger; a plugin that raises is reported and the
-    client keeps local state."""
-    try:
-        result = pm.hook.zml_slot_ledger(fleet=fleet, registry=registry)
-    except Exception as exc:
-        pm.report("a zml_slot_ledger plugin", "zml_slot_ledger", exc)
-        return None
-    if result is not None:
+    """Ask each ``zml_slot_ledger`` implementation, in call order, for a client's ledger: the
+    first one that returns one wins. An implementation that raises is reported (naming its
+    plugin) and skipped, so another plugin's ledger is still used; with none, the client keeps
+    local state.
+
+    Raises:
+        PolicyConfigError: an implementation returned something that is not a ledger (naming
+            its plugin).
+    """
+    arguments = {"fleet": fleet, "registry": registry}
+    for impl in pm.impls("zml_slot_ledger"):
+        if impl.wrapper or impl.hookwrapper:
+            continue  # (one implementation at a time: there is no inner call to wrap)
+        try:
+            result = impl.function(*[arguments[name] for name in impl.argnames])
+        except Exception as exc:
+            pm.report(impl.plugin_name, "zml_slot_ledger (the client counts slots in this "
+                      "process only, unless another plugin gives a ledger)", exc)
+            continue
+        if result is None:
+            continue
         missing = [m for m in ("acquire", "aacquire", "release")
                    if not callable(getattr(result, m, None))]
         if missing:
             raise PolicyConfigError(
-                f"a zml_slot_ledger plugin returned a {type(result).__name__}, which is not a "
-                f"zml.ledger.SlotLedger (no {', '.join(missing)} method): fix the plugin, or "
-                "unregister it", field="zml_slot_ledger")
-    return cast("SlotLedger | None", result)
+                f"plugin {impl.plugin_name!r} returned a {type(result).__name__} from "
+                f"zml_slot_ledger, which is not a zml.ledger.SlotLedger (no "
+                f"{', '.join(missing)} method): fix the plugin, or unregister it",
+                field="zml_slot_ledger")
+        return cast("SlotLedger", result)
+    return None

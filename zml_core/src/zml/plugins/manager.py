@@ -406,11 +406,15 @@ def discover(
     autoload, only = _wanted(env)
     if not autoload and not only:
         return []
+    # A distribution is named as any package tool names it: "zml-policy-sqlite",
+    # "zml_policy_sqlite" and "ZML.Policy.SQLite" are one name (PEP 503).
+    only_dists = None if only is None else {_canonical(n) for n in only}
     found: dict[str, tuple[metadata.EntryPoint, str]] = {}
     for ep, dist_name in _group_entry_points():
         if ep.name in found:
             continue
-        if only is not None and ep.name not in only and dist_name not in only:
+        if only is not None and only_dists is not None and ep.name not in only \
+                and _canonical(dist_name) not in only_dists:
             continue
         found[ep.name] = (ep, dist_name)
     loaded: list[tuple[str, str]] = []
@@ -440,9 +444,8 @@ def discover(
             continue
         loaded.append((name, dist_name))
     if only:
-        missing = sorted(
-            n for n in only if n not in found and n not in {d for _, d in found.values()}
-        )
+        dists = {_canonical(d) for _, d in found.values()}
+        missing = sorted(n for n in only if n not in found and _canonical(n) not in dists)
         if missing:
             warnings.warn(
                 f"{ENV_PLUGINS} names plugin(s) that are not installed: {', '.join(missing)}",
@@ -450,6 +453,11 @@ def discover(
                 stacklevel=2,
             )
     return loaded
+
+
+def _canonical(name: str) -> str:
+    """A distribution name as PEP 503 compares them: lower case, runs of ``-_.`` as ``-``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def register_defaults(pm: PluginManager) -> None:

@@ -110,8 +110,8 @@ def _call_registration(impl: Any, registry: Registry) -> list[PolicySource]:
     except PolicyConfigError:
         raise
     except Exception as exc:  # without its sources, a name could resolve to another policy
-        raise plugin_failure("a plugin's zml_register_policy_sources", exc, "policy",
-                             SourceFailure) from exc
+        raise plugin_failure(f"plugin {impl.plugin_name!r}'s zml_register_policy_sources",
+                             exc, "policy", SourceFailure) from exc
     return sources
 
 
