@@ -310,6 +310,18 @@ def test_an_at_sign_in_a_path_must_be_percent_encoded() -> None:
     assert _node(url="http://127.0.0.1:8000/a%40b").url == "http://127.0.0.1:8000/a%40b"
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1/",
+                                 "https://llm.example.com/proxy/V1"])
+def test_an_openai_style_base_url_is_refused_with_the_root_to_write(url: str) -> None:
+    """zml adds /v1 itself: such a node was "ok" to `zml policy check`, "up" to `zml fleet
+    status`, and then answered 404 to every request (/v1/v1/chat/completions)."""
+    with pytest.raises(zml.PolicyConfigError, match="ends in /v1, which zml adds itself") as info:
+        _node(url=url)
+    root = url.rstrip("/")[:-3]
+    assert str(info.value).endswith(f"write the server's root, {root!r}")
+    assert _node(url="http://127.0.0.1:8000/v1beta").url.endswith("/v1beta")
+
+
 def test_an_unparsable_url_is_a_clear_error() -> None:
     with pytest.raises(zml.PolicyConfigError) as info:
         _node(url="http://[::1")

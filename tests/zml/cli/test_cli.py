@@ -177,3 +177,33 @@ def test_a_warning_is_one_line_of_the_command(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [
         "zml: warning: ZML_PLUGINS names plugin(s) that are not installed: nosuch"]
+
+
+@pytest.mark.parametrize(("url", "other", "problem"), [
+    ("http://localhost", None, "has no port"),
+    ("https://127.0.0.1:{port}", None, "serves plain http"),
+    ("http://[::1]:{port}", None, "listens on 127.0.0.1"),
+    ("http://127.0.0.2:{port}", None, "listens on 127.0.0.1"),
+    ("http://127.0.0.1:{port}", "http://127.0.0.1:{port}", "give each simulated node its own"),
+])
+def test_sim_serve_refuses_a_node_it_could_not_serve_where_its_url_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], url: str, other: str | None,
+    problem: str,
+) -> None:
+    """It served such nodes elsewhere (a random port, plain http, 127.0.0.1) without a word,
+    out of reach of every client of the same file, or crashed with a traceback for two nodes
+    on one port."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [("n1", url.format(port=port))] + ([("n2", other.format(port=port))] if other else [])
+    text = "[accelerators.H100]\n" + "".join(
+        f'[[nodes]]\nid = "{nid}"\nfamily = "H100"\nurl = "{u}"\nmodels = ["m"]\n'
+        "max_concurrency = 1\n" for nid, u in nodes)
+    path = tmp_path / "zml.toml"
+    path.write_text(text)
+    assert main(["sim", "serve", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert problem in err and "Traceback" not in err and len(err.strip().splitlines()) <= 3

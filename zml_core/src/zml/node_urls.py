@@ -16,8 +16,9 @@ __all__ = ["display_url", "redact_url", "url_problem"]
 
 
 def url_problem(url: str, node_id: object = None) -> None:
-    """Refuse a node URL with credentials, an ``@``, control characters or an unparsable
-    authority (as a PolicyConfigError).
+    """Refuse a node URL with credentials, an ``@``, control characters, an unparsable
+    authority, or a path ending in ``/v1`` (an OpenAI-style base URL: zml adds ``/v1``
+    itself), as a PolicyConfigError.
 
     The message and ``.value`` show the URL through :func:`display_url`, never the password.
     """
@@ -55,7 +56,7 @@ def url_problem(url: str, node_id: object = None) -> None:
             value=shown,
         )
     try:
-        urlsplit(url)
+        path = urlsplit(url).path
     except ValueError as exc:  # e.g. an unclosed IPv6 bracket
         raise PolicyConfigError(
             f"{who}: url {shown!r} is not a valid URL ({exc}); write e.g. "
@@ -63,6 +64,15 @@ def url_problem(url: str, node_id: object = None) -> None:
             field="url",
             value=shown,
         ) from None
+    if path.rstrip("/").lower().endswith("/v1"):
+        root = display_url(url).rstrip("/")[:-3]
+        raise PolicyConfigError(
+            f"{who}: url {shown!r} ends in /v1, which zml adds itself (it sends to "
+            f"{shown.rstrip('/')}/v1/chat/completions, and probes /health and /metrics at the "
+            f"root): write the server's root, {root!r}",
+            field="url",
+            value=shown,
+        )
 
 
 def display_url(url: str) -> str:

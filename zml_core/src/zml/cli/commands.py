@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import errno
 import socket
+from urllib.parse import urlsplit
 
 import httpx2
 from rich.text import Text
@@ -13,7 +14,7 @@ from rich.text import Text
 from zml import routing
 from zml.cli.output import CommandError, print_error, stderr_console, stdout_console, table
 from zml.client import Client
-from zml.config import discover_path, load_registry, suggest
+from zml.config import Registry, discover_path, load_registry, suggest
 from zml.errors import PolicyConfigError
 from zml.node_urls import redact_url
 from zml.probe import Prober
@@ -49,6 +50,35 @@ def _check_port(node_id: str, host: str, port: int, config: str) -> None:
         sock.close()
 
 
+def _check_servable(registry: Registry, simulated: set[str], config: str) -> None:
+    """Every simulated node is served where its ``url`` says, or the command stops naming it:
+    plain http, on 127.0.0.1 (or localhost), on the port written, one node per port. A node
+    served elsewhere than its url (a random port, plain http for https, 127.0.0.1 for ::1)
+    would be unreachable for every client of the same file."""
+    taken: dict[int, str] = {}
+    for node in registry.nodes:
+        if node.id not in simulated:
+            continue
+        parts = urlsplit(node.url)
+        problem = None
+        if parts.scheme != "http":
+            problem = (f"is {parts.scheme}://, and zml sim serve serves plain http: write "
+                       "http://")
+        elif parts.hostname not in ("127.0.0.1", "localhost"):
+            problem = (f"is on {parts.hostname}, and zml sim serve listens on 127.0.0.1: "
+                       "write 127.0.0.1 (or localhost)")
+        elif parts.port is None:
+            problem = ("has no port, and zml sim serve must listen where clients will "
+                       "connect: write one, as http://127.0.0.1:8001")
+        elif parts.port in taken:
+            problem = (f"has port {parts.port}, as node {taken[parts.port]!r} has: give each "
+                       "simulated node its own port")
+        if problem is not None:
+            raise CommandError(f"node {node.id!r} in {config}: url {node.url!r} {problem}")
+        assert parts.port is not None
+        taken[parts.port] = node.id
+
+
 def sim_serve(config: str, *, time_scale: float = 1.0) -> int:
     """Serve every loopback node of ``config`` as a simulated node, until interrupted."""
     from zml.sim import SimFleet
@@ -62,6 +92,7 @@ def sim_serve(config: str, *, time_scale: float = 1.0) -> int:
             f"{config} has no [[nodes]] on loopback (127.0.0.1/localhost) to simulate",
             field="nodes", source=config,
         )
+    _check_servable(registry, {spec.id for spec in specs}, config)
     for node_id, port in ports.items():
         if port:
             _check_port(node_id, "127.0.0.1", port, config)
