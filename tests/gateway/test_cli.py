@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -84,6 +87,48 @@ def test_zml_serve_serves_the_config_with_several_workers(
     finally:
         err = stop(proc)
     assert "with 2 workers" in err
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_zml_serve_stops_within_shutdown_timeout_s_with_a_stream_in_flight(
+        sim_fleet: Callable[..., SimSetup], signum: int) -> None:
+    """Told to stop, it waited for every connection to close: one long stream kept it
+    running until killed (and a second Ctrl-C printed a traceback)."""
+    setup = sim_fleet([{"id": "gpu", "family": "H100", "max_concurrency": 4}],
+                      {"p": {"accelerator_chain": ["H100"]}}, time_scale=0.05)
+    setup.path.write_text(setup.path.read_text()
+                          + '\n[gateway]\ndefault_policy = "p"\nshutdown_timeout_s = 1\n')
+    port = free_port()
+    proc = start_serve(setup.path, port)
+    lines: list[str] = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(proc, url)
+        started = threading.Event()
+
+        def read_stream() -> None:
+            body = {"model": MODEL, "stream": True, "max_tokens": 200_000, "ignore_eos": True,
+                    "messages": [{"role": "user", "content": "x"}]}
+            with contextlib.suppress(httpx2.HTTPError), httpx2.stream(
+                    "POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    started.set()
+                    lines.append(line)
+
+        reader = threading.Thread(target=read_stream, daemon=True)
+        reader.start()
+        assert started.wait(30)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)  # a hang guard: the limit is 1 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode in (0, 130, -signum), err  # (uvicorn re-raises the signal)
+    assert "Traceback" not in err, err
+    reader.join(30)
+    assert lines and "data: [DONE]" not in lines  # cut short, and the client can tell:
+    assert '"code":"shutting_down"' in [x for x in lines if x][-1]  # an error event ends it
 
 
 def test_zml_serve_refuses_a_bad_gateway_table_with_one_message(tmp_path: Path,

@@ -32,6 +32,7 @@ closes the node connection, which is how the node learns to drop the request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import json
 import sys
@@ -333,11 +334,11 @@ class ChatCompletions:
             else:
                 await self._json(request, selection, send, guard, outcome)
         except asyncio.CancelledError:
-            if not guard.fired:
-                raise
             if sys.version_info >= (3, 11):
                 task.uncancel()
             outcome.kind = "cancelled"
+            if not guard.fired:  # not the client gone: the server stopping (its shutdown timeout)
+                await _shutting_down(send, outcome, guard)
         except Exception as exc:
             outcome.kind = "error"
             if outcome.started:
@@ -542,6 +543,27 @@ def _as_sent(exc: Exception) -> Exception:
         return exc
     sent = param[len(_EXTRA):]
     return InvalidRequestError(str(exc).replace(param, sent, 1), param=sent)
+
+
+_SHUTTING_DOWN = error_reply(
+    503, "the gateway is shutting down and cancelled this request: send it again (another "
+    "replica, or this one once it is back, will serve it)", "server_error",
+    code="shutting_down", outcome="cancelled")
+"""What a request cancelled by the server's shutdown gets: a 503 before its answer started,
+an error event after (never a stream that ends silently short)."""
+
+
+async def _shutting_down(send: Send, outcome: Outcome, guard: _Guard) -> None:
+    """Tell the client its request was cancelled by the shutdown, in at most a second (the
+    client may read nothing), then let the server go on stopping."""
+    guard.active = False
+    reply = _SHUTTING_DOWN
+    with contextlib.suppress(Exception, asyncio.CancelledError, asyncio.TimeoutError):
+        if outcome.started:
+            await asyncio.wait_for(send({"type": "http.response.body", "body": reply.sse_event()}),
+                                   1.0)
+        else:
+            await asyncio.wait_for(send_error(send, reply), 1.0)
 
 
 async def _refuse(exc: Exception, send: Send, guard: _Guard, outcome: Outcome) -> None:

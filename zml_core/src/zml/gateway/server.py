@@ -47,8 +47,9 @@ def max_workers() -> int:
 
 
 def connection_limits(settings: GatewaySettings) -> dict[str, Any]:
-    """The uvicorn options that bound a connection's request head, in time and in size, and
-    how long a response may wait on a client that reads nothing.
+    """The uvicorn options that bound a connection's request head, in time and in size, how
+    long a response may wait on a client that reads nothing, and how long a shutdown waits for
+    the requests in flight.
 
     uvicorn's default protocol (httptools) bounds none of these: a client sending nothing, or a
     header byte now and then, kept its connection for ever, a header of 10 MB was read whole,
@@ -58,7 +59,8 @@ def connection_limits(settings: GatewaySettings) -> dict[str, Any]:
     """
     return {"http": functools.partial(GatewayH11Protocol, head_timeout_s=settings.head_timeout_s,
                                       send_timeout_s=settings.send_timeout_s),
-            "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
+            "h11_max_incomplete_event_size": MAX_HEAD_BYTES,
+            "timeout_graceful_shutdown": settings.shutdown_timeout_s}
 
 
 def app_from_environment() -> Starlette:

@@ -13,6 +13,8 @@ never reads it); it is validated here, when a gateway is built, so that a typo i
     head_timeout_s = 10                    # request line and headers not in full by then: 408
     send_timeout_s = 60                    # a client reading nothing of its answer that long:
                                            # connection closed, request cancelled
+    shutdown_timeout_s = 30                # on SIGTERM/Ctrl-C, requests in flight (streams)
+                                           # get this long to finish, then are cancelled
     allowed_hosts = ["llm.example.com"]    # names besides loopback ones (zml.gateway.hosts)
 
     [gateway.aliases]
@@ -84,6 +86,11 @@ class GatewaySettings(_Strict):
     is closed (with a 408 if part of a head had arrived). A client that connects and sends
     nothing, or a header byte now and then, must not hold a connection open for ever either
     (see :mod:`zml.gateway.protocol`)."""
+    shutdown_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False, strict=True)
+    """Seconds ``zml serve`` waits, when told to stop (SIGTERM, Ctrl-C), for the requests in
+    flight to finish; then it cancels them (a stream ends without ``[DONE]``, its node slot is
+    freed) and exits. Without a bound, one long stream kept the process running until killed
+    (a container's grace period ends in SIGKILL)."""
     send_timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False, strict=True)
     """Seconds a client may read nothing of its response while the connection's write buffer
     is full: beyond, the connection is closed and the request cancelled (a stream's node slot
