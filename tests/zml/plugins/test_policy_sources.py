@@ -136,6 +136,25 @@ def test_a_failing_source_is_reported_as_a_config_error(driver: Driver) -> None:
         driver.infer(policy="prod")
 
 
+def test_a_source_s_own_config_error_reaches_the_caller_whole(config: Path) -> None:
+    """Wrapped twice and cut at 300 characters, its advice was lost (`zml policy check` with a
+    mistyped ZML_POLICY_SQLITE_DB ended in "... or f...")."""
+    advice = "x" * 300 + ": fix the variable, or unset it"
+
+    class Refusing(DictSource):
+        def list(self) -> list[str]:
+            raise zml.PolicyConfigError(f"the store path is not a database {advice}")
+
+    client = zml.Client(config=config)
+    client.plugins.register(SourcePlugin(Refusing({}, name="sqlite")), name="sqlite")
+    with pytest.raises(zml.PolicyConfigError) as info:
+        list(client.policies)
+    message = str(info.value)
+    assert message.startswith("policy source 'sqlite' failed to list its policies: the store")
+    assert message.endswith("fix the variable, or unset it") and "PolicyConfigError" not in message
+    client.close()
+
+
 SECRET_URL = "postgresql://app:hunter2pw@db.internal/policies"
 
 

@@ -119,9 +119,12 @@ def _source_failed(source: object, what: str, exc: Exception, value: object = No
                   kind: type[PolicyConfigError] = PolicyConfigError) -> PolicyConfigError:
     """The error for a source whose method raised while doing ``what`` (its message passed
     through :func:`~zml.errors.safe_detail`: it may quote the store's URL)."""
+    # A source's own PolicyConfigError already says what is wrong and how to fix it: kept
+    # whole (cut at 300 characters, its fix was lost), without its type's name.
+    detail = safe_detail(str(exc), 1000) if isinstance(exc, PolicyConfigError) \
+        else f"{type(exc).__name__}: {safe_detail(str(exc), 300)}"
     return kind(
-        f"policy source {source_name(source)!r} {what}: {type(exc).__name__}: "
-        f"{safe_detail(str(exc), 300)}",
+        f"policy source {source_name(source)!r} {what}: {detail}",
         field="policy",
         value=value,
         source=source_name(source),
