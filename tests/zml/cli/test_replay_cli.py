@@ -85,6 +85,8 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
         ([AZURE, "--policy", "cheep"], "no policy 'cheep'"),
         ([AZURE, "--rate-scale", "0"], "--rate-scale must be a number > 0"),
         ([AZURE, "--rate-scale", "-2"], "--rate-scale must be a number > 0"),
+        ([AZURE, "--rate-scale", "1e-300"], "--rate-scale must be from 0.001 to 1000"),
+        ([AZURE, "--rate-scale", "1e6"], "--rate-scale must be from 0.001 to 1000"),
         ([AZURE, "--slo-ms", "inf"], "--slo-ms must be a finite number > 0, got inf"),
         ([AZURE, "--model", "other"], "no node of the config serves --model 'other'"),
     ],

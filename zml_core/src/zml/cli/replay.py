@@ -26,6 +26,11 @@ from zml.errors import InvalidRequestError, PolicyConfigError
 
 __all__ = ["add_replay_parser", "check_output_path", "run_replay"]
 
+RATE_SCALE_MIN = 0.001
+"""The slowest ``--rate-scale``: a trace a thousand times slower."""
+RATE_SCALE_MAX = 1000.0
+"""The fastest ``--rate-scale``: a trace a thousand times faster."""
+
 
 def add_replay_parser(sim_sub: Any) -> None:
     """Add ``replay`` to the ``zml sim`` subcommands."""
@@ -40,7 +45,8 @@ def add_replay_parser(sim_sub: Any) -> None:
                    help="a row routed by a baseline strategy: round_robin, random, least_busy, "
                    "latency_based (repeatable)")
     p.add_argument("--rate-scale", type=float, default=1.0, metavar="X",
-                   help="multiply the arrival rate (2: the trace twice as fast)")
+                   help="multiply the arrival rate (2: the trace twice as fast; "
+                   f"{RATE_SCALE_MIN:g} to {RATE_SCALE_MAX:g})")
     p.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
     p.add_argument("--model", help="the model of rows that name none (default: the config's "
                    "only model)")
@@ -84,6 +90,11 @@ def run_replay(args: argparse.Namespace) -> int:
     if not (math.isfinite(args.rate_scale) and args.rate_scale > 0):
         raise InvalidRequestError(f"--rate-scale must be a number > 0, got {args.rate_scale!r}",
                                   param="rate_scale")
+    if not RATE_SCALE_MIN <= args.rate_scale <= RATE_SCALE_MAX:
+        raise InvalidRequestError(
+            f"--rate-scale must be from {RATE_SCALE_MIN:g} to {RATE_SCALE_MAX:g}, got "
+            f"{args.rate_scale:g}: beyond, the trace's times lose their precision (every "
+            "request at once, or hours apart) and the figures mean nothing", param="rate_scale")
     if args.limit is not None and args.limit < 1:
         raise InvalidRequestError(f"--limit must be >= 1, got {args.limit!r}", param="limit")
     for flag, given in (("--concurrency", args.concurrency), ("--time-scale", args.time_scale)):
