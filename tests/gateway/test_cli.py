@@ -151,6 +151,21 @@ def test_zml_serve_without_a_config_says_how_to_give_one(tmp_path: Path) -> None
     assert "--config" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("text", ["", "[accelerators.H100]\n"])
+def test_zml_serve_refuses_a_config_without_nodes_as_policy_check_does(
+        tmp_path: Path, text: str) -> None:
+    """It started a gateway that refused every request, where `zml policy check` said the
+    file was empty."""
+    path = tmp_path / "zml.toml"
+    path.write_text(text)
+    result = subprocess.run(
+        [sys.executable, "-m", "zml", "serve", "--config", str(path), "--port",
+         str(free_port())], capture_output=True, text=True, env=env(), timeout=60,
+        check=False, cwd=str(ROOT))
+    assert result.returncode == 2, result.stderr
+    assert "has no [[nodes]]" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_zml_serve_on_a_busy_port_is_one_message_and_serves_nothing(sim_fleet: Any) -> None:
     setup = sim_fleet([{"id": "gpu", "family": "H100", "max_concurrency": 1}])
     with socket.socket() as busy:

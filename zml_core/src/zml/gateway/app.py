@@ -167,6 +167,12 @@ def create_app(config: str | os.PathLike[str] | Registry | None = None, *,
     client.plugins.register(ForwardRequestId(), name="zml-gateway-request-id")
     client.plugins.register(AttemptLabels(), name="zml-gateway-attempt-labels")
     served = {model for node in client.registry.nodes for model in node.models}
+    if not served:  # what `zml policy check` refuses too: a gateway that can answer nothing
+        raise PolicyConfigError(
+            f"{registry.source or 'the configuration'} has no [[nodes]] (nor does any fleet-"
+            "source plugin add one): the gateway would refuse every request; add the nodes "
+            "it routes to (`zml demo --dir .` writes an example)",
+            field="nodes", source=registry.source)
     selector = Selector(settings, served, client.policies)
     selector.check(registry.source)
     keys.check(client.policies, registry.source)
