@@ -348,3 +348,17 @@ def test_empty_data_lines_count_against_the_event_limit(line: bytes) -> None:
     half = MAX_EVENT_BYTES // 2
     assert ok.feed(b"data: " + b"a" * (half - 1) + b"\ndata: " + b"b" * (half - 1)
                    + b"\n\n") == [b"a" * (half - 1) + b"\n" + b"b" * (half - 1)]
+
+
+@pytest.mark.parametrize("done", ["[DONE] ", " [DONE]", b"[DONE]\r", b" [DONE] "])
+def test_done_with_spaces_around_ends_the_stream_as_openai_python_reads_it(
+        done: str | bytes) -> None:
+    """It was taken for a malformed chunk (a NodeProtocolError), where openai-python ends the
+    stream."""
+    d = StreamDecoder("n1")
+    d.feed(json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                       "choices": [{"index": 0, "delta": {"content": "a"},
+                                    "finish_reason": "stop"}]}))
+    assert d.feed(done) is None and d.done
+    d.finish()
+    assert d.text == "a"

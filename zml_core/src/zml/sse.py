@@ -167,6 +167,9 @@ class StreamDecoder:
         try:
             obj = from_json(data)
         except ValueError as exc:
+            if data.strip() == (_DONE if isinstance(data, bytes) else "[DONE]"):
+                self.done = True  # with spaces around: the end all the same (openai-python's)
+                return None
             raise self._malformed(data, exc) from None
         if type(obj) is not dict:
             raise NodeProtocolError(
