@@ -207,3 +207,17 @@ def test_sim_serve_refuses_a_node_it_could_not_serve_where_its_url_says(
     assert main(["sim", "serve", str(path)]) == 2
     err = capsys.readouterr().err
     assert problem in err and "Traceback" not in err and len(err.strip().splitlines()) <= 3
+
+
+def test_ctrl_c_while_the_command_is_still_starting_is_exit_130_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C in the first second of `zml demo` (while its modules were imported, before the
+    command's own handler) printed a KeyboardInterrupt traceback."""
+    import zml.cli
+
+    def interrupted() -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(zml.cli, "build_parser", interrupted)
+    assert main(["demo"]) == 130

@@ -98,9 +98,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``zml`` command; returns the exit status."""
     import warnings
 
-    with warnings.catch_warnings():
-        warnings.showwarning = _one_line_warning  # (restored when the command returns)
-        return _run(argv)
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning  # (restored when the command returns)
+            return _run(argv)
+    except KeyboardInterrupt:  # also while the command's modules are still being imported
+        return 130  # as a shell reports Ctrl-C: 128 + SIGINT
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
