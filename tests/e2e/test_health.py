@@ -412,13 +412,13 @@ def test_probing_defaults(setup: Any) -> None:
         client = zml.AsyncClient(config=setup.path)
         prober = client._prober
         assert prober is not None and prober.interval_s == 2.0
-        assert prober._task is None  # nothing runs before the first request
+        assert not prober.running  # nothing runs before the first request
         await client.infer(MODEL, MSGS, policy="prod", max_tokens=2)
-        assert prober._task is not None and not prober._task.done()
+        assert prober.running  # a round, or the timer of the next one
         await await_for(lambda: client.fleet.node("h100-a").reported_load is not None,
                         "the first probe")
         await client.aclose()
-        assert prober._task is None
+        assert not prober.running
         off = zml.AsyncClient(config=setup.path, probe_interval_s=None)
         assert off._prober is None
         await off.aclose()

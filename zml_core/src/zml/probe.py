@@ -175,6 +175,12 @@ class Prober:
         apply(self.fleet, results, time.monotonic())
         return list(results)
 
+    @property
+    def running(self) -> bool:
+        """Whether async probing is under way: a round, or the wait for the next one."""
+        task = self._task
+        return self._timer is not None or (task is not None and not task.done())
+
     def start(self, http: httpx2.AsyncClient) -> None:
         """Start probing in the running event loop (idempotent; in a new loop, it moves there).
 
