@@ -253,7 +253,7 @@ def test_head_timeout_s_is_10_seconds_unless_set(tmp_path: Path) -> None:
     assert gateway_settings(load_registry(path)).head_timeout_s == 2.0
 
 
-@pytest.mark.parametrize("key", ["head_timeout_s", "send_timeout_s"])
+@pytest.mark.parametrize("key", ["head_timeout_s", "send_timeout_s", "shutdown_timeout_s"])
 @pytest.mark.parametrize(("value", "shown"), [
     ("0", "0"), ("-1", "-1"), ("inf", "inf"), ("nan", "nan"), ("true", "True"), ('"10"', "'10'"),
 ])
@@ -307,8 +307,9 @@ def test_a_client_that_stops_reading_its_stream_is_dropped_and_its_slot_freed(
         thread.stop()
 
 
-def test_send_timeout_s_is_60_seconds_unless_set(tmp_path: Path) -> None:
+def test_send_and_shutdown_timeouts_are_60_and_30_seconds_unless_set(tmp_path: Path) -> None:
     assert GatewaySettings().send_timeout_s == 60.0
+    assert GatewaySettings().shutdown_timeout_s == 30.0
     path = tmp_path / "zml.toml"
     path.write_text("[gateway]\nsend_timeout_s = 2.5\n")
     assert gateway_settings(load_registry(path)).send_timeout_s == 2.5
