@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -308,6 +309,59 @@ def test_prober_merges_reported_load_into_node_state(fleet: Fleet) -> None:
     # no gauges any more: back to the client's own accounting
     assert status["v"]["reported_load"] is None and status["v"]["load"] == 1
     assert status["t"]["health"] == 0.0
+
+
+ONE_RUNNING = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 0.0
+"""
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_request_that_ends_while_the_report_is_on_its_way_is_not_counted(
+    fleet: Fleet, mode: str
+) -> None:
+    """The node counted this client's request, which ended before the report was applied:
+    the node is free (it stayed full until the next round, two seconds later, before)."""
+    v = fleet.node("v")
+    reservation = fleet.reserve(v, time.monotonic())
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        if request.url.path == "/metrics" and request.url.host == "v":
+            fleet.release(reservation)  # the request ends while the node's answer travels
+            return httpx2.Response(200, text=ONE_RUNNING)
+        return httpx2.Response(200 if request.url.host == "v" else 404, text="")
+
+    transport = httpx2.MockTransport(handler)
+    if mode == "sync":
+        with httpx2.Client(transport=transport) as http:
+            Prober(fleet).probe_all(http)
+    else:
+        async def main() -> None:
+            async with httpx2.AsyncClient(transport=transport) as http:
+                await Prober(fleet).aprobe_all(http)
+
+        asyncio.run(main())
+    assert (v.in_flight, v.reported_load, v.load) == (0, 0, 0)
+
+
+def test_a_report_is_corrected_only_for_the_requests_it_may_have_counted(fleet: Fleet) -> None:
+    v = fleet.node("v")
+    now = time.monotonic()
+    long = fleet.reserve(v, now)
+    mark = fleet.load_mark(v)  # the probe asks: one request of ours is in flight
+    short = fleet.reserve(v, now)  # ... one more starts and ends before the report arrives
+    fleet.release(short)
+    fleet.record_probe(v, now, healthy=True, reported_load=3, mark=mark)
+    # the correction errs low by at most the requests of the mark, never below our own
+    assert (v.in_flight, v.reported_load, v.load) == (1, 2, 2)
+    fleet.release(long)  # counted in the report: it goes from the report when it ends
+    assert (v.in_flight, v.reported_load, v.load) == (0, 1, 1)
+    later = fleet.reserve(v, time.monotonic())  # not in the report
+    fleet.release(later)
+    assert (v.reported_load, v.load) == (1, 1)
 
 
 def test_one_bad_node_does_not_stop_the_others_being_probed(fleet: Fleet) -> None:

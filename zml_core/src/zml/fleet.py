@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from .config import NodeConfig, Registry
 from .ledger import SlotLedger
@@ -63,6 +63,7 @@ __all__ = [
     "HEALTH_ALPHA",
     "HEALTH_RECOVERY_S",
     "Fleet",
+    "LoadMark",
     "NodeState",
     "Reservation",
     "report_load",
@@ -115,6 +116,7 @@ class NodeState:
         "observed_ttft_ms",
         "open_until",
         "prefill_tokens",
+        "released",
         "reported_at",
         "reported_load",
         "service_ms",
@@ -146,6 +148,9 @@ class NodeState:
         self.max_concurrency: int = config.max_concurrency
         self.max_queue: int = config.max_queue
         self.in_flight: int = 0
+        self.released: int = 0
+        """How many of this client's requests on the node have ended (only grows; a probe
+        reads it to tell which of the requests its report counted are gone since)."""
         self.reported_load: int | None = None
         self.reported_at: float = 0.0
         self.load: int = 0
@@ -198,6 +203,19 @@ class NodeState:
     def _update_load(self) -> None:
         reported = self.reported_load
         self.load = self.in_flight if reported is None else max(self.in_flight, reported)
+
+
+class LoadMark(NamedTuple):
+    """This client's requests on a node at the moment a probe asked the node for its load
+    (:meth:`Fleet.load_mark`), so that the report can be corrected for those that ended
+    before it arrived (see :meth:`Fleet.record_probe`)."""
+
+    at: float
+    """When the probe asked (``time.monotonic()``)."""
+    in_flight: int
+    """This client's requests on the node then."""
+    released: int
+    """``NodeState.released`` then."""
 
 
 @dataclass
@@ -463,6 +481,7 @@ class Fleet:
             reservation.released = True
             node = reservation.node
             node.in_flight -= 1
+            node.released += 1
             node.tokens_in_flight -= reservation.prompt_tokens
             if reservation.prefilling:
                 reservation.prefilling = False
@@ -542,13 +561,31 @@ class Fleet:
                 node.open_until = now + CIRCUIT_COOLDOWN_S
             self._touch(node)
 
-    def record_probe(
-        self, node: NodeState, now: float, *, healthy: bool, reported_load: int | None
-    ) -> None:
-        """An active probe's result: liveness feeds health; reported load merges into ``load``."""
+    def load_mark(self, node: NodeState) -> LoadMark:
+        """Mark this client's requests on ``node`` now, just before a probe reads its load."""
         with self.lock:
+            return LoadMark(time.monotonic(), node.in_flight, node.released)
+
+    def record_probe(
+        self, node: NodeState, now: float, *, healthy: bool, reported_load: int | None,
+        mark: LoadMark | None = None,
+    ) -> None:
+        """An active probe's result: liveness feeds health; reported load merges into ``load``.
+
+        With the probe's ``mark``, the report is taken as of the mark, less this client's
+        requests that ended since: those it may have counted (in flight at the mark) are gone,
+        and a release no longer corrects a report that arrived after it. (Requests both started
+        and ended since the mark count too, so the correction errs towards a lower load, by
+        at most the requests of the mark.)"""
+        with self.lock:
+            reported_at = now
+            if mark is not None:
+                reported_at = mark.at
+                if reported_load is not None:
+                    ended = min(node.released - mark.released, mark.in_flight)
+                    reported_load = max(0, reported_load - ended)
             node.reported_load = reported_load
-            node.reported_at = now
+            node.reported_at = reported_at
             node._update_load()
             if healthy:
                 node.health += HEALTH_ALPHA * (1.0 - node.health)

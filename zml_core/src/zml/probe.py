@@ -18,11 +18,11 @@ import logging
 import math
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx2
 
-from .fleet import Fleet, NodeState
+from .fleet import Fleet, LoadMark, NodeState
 
 __all__ = ["LOAD_GAUGES", "ProbeResult", "Prober", "health_says_up", "parse_load", "probe_node",
            "probe_node_async"]
@@ -50,6 +50,9 @@ class ProbeResult:
     running: int | None = None
     waiting: int | None = None
     error: str | None = None
+    mark: LoadMark | None = field(default=None, compare=False)
+    """The client's requests on the node when ``/metrics`` was asked (see
+    :meth:`zml.fleet.Fleet.record_probe`)."""
 
     @property
     def load(self) -> int | None:
@@ -91,7 +94,8 @@ def health_says_up(status_code: int) -> bool:
 
 
 def _interpret(node: NodeState, health: httpx2.Response | BaseException,
-               metrics: httpx2.Response | BaseException | None) -> ProbeResult:
+               metrics: httpx2.Response | BaseException | None,
+               mark: LoadMark | None = None) -> ProbeResult:
     if isinstance(health, BaseException):
         return ProbeResult(node.id, False, error=f"{type(health).__name__}: {health}")
     healthy = health_says_up(health.status_code)
@@ -102,7 +106,7 @@ def _interpret(node: NodeState, health: httpx2.Response | BaseException,
         except ValueError as exc:
             log.debug("node %s: unparseable /metrics: %s", node.id, exc)
     error = None if healthy else f"/health answered {health.status_code}"
-    return ProbeResult(node.id, healthy, running, waiting, error)
+    return ProbeResult(node.id, healthy, running, waiting, error, mark)
 
 
 _Answer = httpx2.Response | BaseException
@@ -117,15 +121,19 @@ def _wants_metrics(node: NodeState, health: _Answer) -> bool:
 def probe_node(http: httpx2.Client, node: NodeState) -> ProbeResult:
     """Probe one node with a sync client."""
     health = _get(http, node.url + "/health")
-    metrics = _get(http, node.url + "/metrics") if _wants_metrics(node, health) else None
-    return _interpret(node, health, metrics)
+    if not _wants_metrics(node, health):
+        return _interpret(node, health, None)
+    mark = node.fleet.load_mark(node)
+    return _interpret(node, health, _get(http, node.url + "/metrics"), mark)
 
 
 async def probe_node_async(http: httpx2.AsyncClient, node: NodeState) -> ProbeResult:
     """Probe one node with an async client."""
     health = await _aget(http, node.url + "/health")
-    metrics = await _aget(http, node.url + "/metrics") if _wants_metrics(node, health) else None
-    return _interpret(node, health, metrics)
+    if not _wants_metrics(node, health):
+        return _interpret(node, health, None)
+    mark = node.fleet.load_mark(node)
+    return _interpret(node, health, await _aget(http, node.url + "/metrics"), mark)
 
 
 def _get(http: httpx2.Client, url: str) -> _Answer:
@@ -146,7 +154,7 @@ def apply(fleet: Fleet, results: Iterable[ProbeResult], now: float) -> None:
     """Feed probe results into fleet state."""
     for result in results:
         fleet.record_probe(fleet.node(result.node_id), now, healthy=result.healthy,
-                           reported_load=result.load)
+                           reported_load=result.load, mark=result.mark)
 
 
 class Prober:
