@@ -364,6 +364,20 @@ def test_a_report_is_corrected_only_for_the_requests_it_may_have_counted(fleet: 
     assert (v.reported_load, v.load) == (1, 1)
 
 
+def test_a_report_that_frees_a_node_wakes_queued_requests(fleet: Fleet) -> None:
+    """As a shared ledger's lower count does: a request queued for capacity need not wait for
+    a release of this client's."""
+    woken: list[int] = []
+    fleet.add_capacity_listener(lambda: woken.append(1))
+    v = fleet.node("v")
+    fleet.record_probe(v, time.monotonic(), healthy=True, reported_load=4)
+    assert woken == []
+    fleet.record_probe(v, time.monotonic(), healthy=True, reported_load=1)
+    assert woken == [1]
+    fleet.record_probe(v, time.monotonic(), healthy=True, reported_load=1)
+    assert woken == [1]
+
+
 def test_one_bad_node_does_not_stop_the_others_being_probed(fleet: Fleet) -> None:
     inf = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running +Inf\n"
     answers = {**ANSWERS, ("v", "/metrics"): inf}

@@ -100,6 +100,38 @@ def test_leases_cap_a_node_across_ledgers_and_come_back_on_release(
         assert ledger.hub.held() == {}
 
 
+def test_a_request_that_ends_while_a_lease_count_travels_is_taken_off_it(
+    sim_fleet: Callable[..., Any], redis_env: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The count Redis gives with a new lease includes this process's other leases; one whose
+    request ends before the count is applied no longer holds the node full (it did until the
+    next sync)."""
+    setup = small_fleet(sim_fleet)
+    with zml.Client(config=setup.path, probe_interval_s=None) as client:
+        fleet = client.fleet
+        ledger = fleet.ledger
+        assert isinstance(ledger, RedisLedger)
+        node = fleet.node("h100-1")
+        first = fleet.reserve(node, time.monotonic())
+        assert ledger.acquire(node, "first")
+        first.lease_id = "first"
+        second = fleet.reserve(node, time.monotonic())
+        real = ledger.hub._execute
+
+        def execute(*commands: tuple[Any, ...], timeout: float | None = None) -> list[Any]:
+            replies = real(*commands, timeout=timeout)
+            if any("second" in command for command in commands):  # the second's ACQUIRE
+                fleet.release(first)  # ... the first request ends while its reply travels
+            return replies
+
+        monkeypatch.setattr(ledger.hub, "_execute", execute)
+        assert ledger.acquire(node, "second")  # Redis counted two leases
+        assert (node.in_flight, node.reported_load, node.load) == (1, 1, 1)
+        monkeypatch.undo()
+        second.lease_id = "second"
+        fleet.release(second)
+
+
 async def test_async_clients_lease_too(sim_fleet: Callable[..., Any], redis_env: Settings,
                                        redis_server: RedisServer) -> None:
     setup = small_fleet(sim_fleet)

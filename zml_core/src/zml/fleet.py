@@ -45,14 +45,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
-from .config import NodeConfig, Registry
+from .config import Registry
 from .ledger import SlotLedger
+from .node_state import LoadMark, NodeState
 from .node_urls import redact_url
 from .routing_index import FamilyIndex
 from .strategies import StrategyState
-from .transport import completion_url
 
 __all__ = [
     "CIRCUIT_COOLDOWN_S",
@@ -93,131 +93,6 @@ _plugin_log = logging.getLogger("zml.plugins")
 
 _LOWER_PRIORS = MappingProxyType({k.lower(): v for k, v in FAMILY_PRIORS.items()})
 
-class NodeState:
-    """One node's static description and live state (satisfies ``routing.NodeView``)."""
-
-    __slots__ = (
-        "__weakref__",
-        "address",
-        "completion_url",
-        "config",
-        "consecutive_failures",
-        "family",
-        "fleet",
-        "health",
-        "health_at",
-        "id",
-        "in_flight",
-        "kind",
-        "load",
-        "max_concurrency",
-        "max_queue",
-        "models",
-        "observed_ttft_ms",
-        "open_until",
-        "prefill_tokens",
-        "released",
-        "reported_at",
-        "reported_load",
-        "service_ms",
-        "tokens_in_flight",
-        "trial_in_flight",
-        "ttft_ms",
-        "url",
-    )
-
-    tokens_in_flight: int
-    """Prompt tokens of this client's requests in flight on the node (set by the Fleet)."""
-    prefill_tokens: int
-    """Prompt tokens of this client's requests on the node that have no first token yet: the
-    prefill ahead of a new request (set by the Fleet; see :meth:`Fleet.first_token`)."""
-
-    def __init__(self, config: NodeConfig, fleet: Fleet) -> None:
-        self.config: NodeConfig = config
-        self.fleet: Fleet = fleet
-        """The fleet this node's state belongs to (its lock guards every field below)."""
-        self.id: str = config.id
-        self.family: str = config.family
-        self.url: str = config.url
-        self.address: str = _address(redact_url(config.url))
-        """host:port[/path] of the node, as shown in routing metadata and telemetry (the port
-        is the scheme's, 80 or 443, when the URL names none)."""
-        self.completion_url: str = completion_url(config.url)
-        self.models: frozenset[str] = frozenset(config.models)
-        self.kind = config.kind
-        self.max_concurrency: int = config.max_concurrency
-        self.max_queue: int = config.max_queue
-        self.in_flight: int = 0
-        self.released: int = 0
-        """How many of this client's requests on the node have ended (only grows; a probe
-        reads it to tell which of the requests its report counted are gone since)."""
-        self.reported_load: int | None = None
-        self.reported_at: float = 0.0
-        self.load: int = 0
-        self.health: float = 1.0
-        self.health_at: float = 0.0
-        self.ttft_ms: float | None = None
-        """Base TTFT routing predicts from: EWMA of observed TTFT less its explained part
-        (streamed calls only: a whole answer shows no first token)."""
-        self.observed_ttft_ms: float | None = None
-        """EWMA of the observed TTFT, as streamed calls saw it."""
-        self.service_ms: float | None = None
-        self.consecutive_failures: int = 0
-        self.open_until: float | None = None
-        self.trial_in_flight: bool = False
-
-    def __repr__(self) -> str:
-        return (
-            f"NodeState(id={self.id!r}, family={self.family!r}, load={self.load}/"
-            f"{self.max_concurrency}, health={self.health:.2f})"
-        )
-
-    def circuit_allows(self, now: float) -> bool:
-        """False while the circuit is open, and while a half-open trial is under way."""
-        if self.open_until is None:
-            return True
-        return now >= self.open_until and not self.trial_in_flight
-
-    @property
-    def latency_ms(self) -> float | None:
-        """The observed TTFT (``observed_ttft_ms``: an EWMA, weight ``EWMA_ALPHA``, of
-        streamed calls) as ``zml.strategies.Candidate`` reads it."""
-        return self.observed_ttft_ms
-
-    @property
-    def circuit_state(self) -> str:
-        """``closed``, ``open`` or ``half_open`` as last updated: ``open`` until a trial is
-        reserved, even after the cooldown (:meth:`circuit_at` reads the clock)."""
-        if self.open_until is None:
-            return "closed"
-        return "half_open" if self.trial_in_flight else "open"
-
-    def circuit_at(self, now: float) -> str:
-        """The circuit at ``now``: ``closed``; ``open`` during the cooldown; ``half_open``
-        once it is over (it admits one trial) or while the trial is under way."""
-        until = self.open_until
-        if until is None:
-            return "closed"
-        return "half_open" if self.trial_in_flight or now >= until else "open"
-
-    def _update_load(self) -> None:
-        reported = self.reported_load
-        self.load = self.in_flight if reported is None else max(self.in_flight, reported)
-
-
-class LoadMark(NamedTuple):
-    """This client's requests on a node at the moment a probe asked the node for its load
-    (:meth:`Fleet.load_mark`), so that the report can be corrected for those that ended
-    before it arrived (see :meth:`Fleet.record_probe`)."""
-
-    at: float
-    """When the probe asked (``time.monotonic()``)."""
-    in_flight: int
-    """This client's requests on the node then."""
-    released: int
-    """``NodeState.released`` then."""
-
-
 @dataclass
 class Reservation:
     """A slot taken on a node for one attempt; :meth:`Fleet.release` gives it back once.
@@ -236,10 +111,11 @@ class Reservation:
     """True until the attempt's first token: ``prompt_tokens`` count in ``prefill_tokens``."""
 
 
-def report_load(node: NodeState, now: float, reported_load: int) -> None:
+def report_load(node: NodeState, now: float, reported_load: int,
+                mark: LoadMark | None = None) -> None:
     """A load report that says nothing about liveness (a shared ledger's lease count, say):
     :meth:`Fleet.report_load` on the fleet ``node`` belongs to."""
-    node.fleet.report_load(node, now, reported_load)
+    node.fleet.report_load(node, now, reported_load, mark)
 
 
 class Fleet:
@@ -306,19 +182,32 @@ class Fleet:
         for wake in listeners:
             wake()
 
-    def report_load(self, node: NodeState, now: float, reported_load: int) -> None:
+    def report_load(self, node: NodeState, now: float, reported_load: int,
+                    mark: LoadMark | None = None) -> None:
         """Merge a load report that says nothing about liveness (a shared ledger's lease
         count, say) into ``node.load``; wake queued requests when the load went down. (A
-        probe's report goes through :meth:`record_probe`, which also feeds health.)"""
+        probe's report goes through :meth:`record_probe`, which also feeds health.) ``mark``:
+        as for :meth:`record_probe`, taken before the count was read."""
         with self.lock:
-            before = node.load
-            node.reported_load = reported_load
-            node.reported_at = now
-            node._update_load()
-            self._touch(node)
-            freed = node.load < before
+            freed = self._merge_report(node, now, reported_load, mark)
         if freed:
             self.notify_capacity()
+
+    def _merge_report(self, node: NodeState, now: float, reported_load: int | None,
+                      mark: LoadMark | None) -> bool:
+        """Take a load report (call with the lock held); True if the node's load went down."""
+        before = node.load
+        reported_at = now
+        if mark is not None:
+            reported_at = mark.at
+            if reported_load is not None:
+                ended = min(node.released - mark.released, mark.in_flight)
+                reported_load = max(0, reported_load - ended)
+        node.reported_load = reported_load
+        node.reported_at = reported_at
+        node._update_load()
+        self._touch(node)
+        return node.load < before
 
     # --- routing.FleetView ------------------------------------------------------------------
 
@@ -578,15 +467,7 @@ class Fleet:
         and ended since the mark count too, so the correction errs towards a lower load, by
         at most the requests of the mark.)"""
         with self.lock:
-            reported_at = now
-            if mark is not None:
-                reported_at = mark.at
-                if reported_load is not None:
-                    ended = min(node.released - mark.released, mark.in_flight)
-                    reported_load = max(0, reported_load - ended)
-            node.reported_load = reported_load
-            node.reported_at = reported_at
-            node._update_load()
+            freed = self._merge_report(node, now, reported_load, mark)
             if healthy:
                 node.health += HEALTH_ALPHA * (1.0 - node.health)
             else:
@@ -594,6 +475,8 @@ class Fleet:
                 self._degraded.add(node)
             node.health_at = now
             self._touch(node)
+        if freed:
+            self.notify_capacity()
 
 
 def _prior(family: str, acc: Any) -> tuple[float, float | None]:
@@ -608,21 +491,3 @@ def _prior(family: str, acc: Any) -> tuple[float, float | None]:
 
 def _ewma(old: float | None, sample: float) -> float:
     return sample if old is None else old + EWMA_ALPHA * (sample - old)
-
-
-_DEFAULT_PORTS = MappingProxyType({"http": 80, "https": 443})
-
-
-def _address(url: str) -> str:
-    """``url`` without its scheme, with the port made explicit: ``https://n1.example/v1`` is
-    ``n1.example:443/v1`` (telemetry's ``server.port`` is read from it)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    netloc, slash, path = rest.partition("/")
-    host, colon, port = netloc.rpartition(":")
-    has_port = bool(colon) and port.isdigit() and host.startswith("[") == host.endswith("]")
-    default = _DEFAULT_PORTS.get(scheme.lower())
-    if has_port or default is None or not netloc:
-        return rest
-    return f"{netloc}:{default}{slash}{path}"

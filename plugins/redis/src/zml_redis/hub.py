@@ -56,7 +56,7 @@ from redis.connection import parse_url
 from redis.exceptions import NoScriptError, ResponseError, TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from zml.fleet import Fleet, NodeState, report_load as merge_load
+from zml.fleet import Fleet, LoadMark, NodeState, report_load as merge_load
 
 from . import scripts
 from .settings import Settings, scrub
@@ -94,10 +94,11 @@ class Attached(Protocol):
         ...
 
 
-def report_load(node: NodeState, count: int, now: float) -> None:
+def report_load(node: NodeState, count: int, now: float, mark: LoadMark | None = None) -> None:
     """Make ``count`` (the leases every process holds on ``node``) the node's reported load,
-    without a probe's effect on health (a lease count is no liveness observation)."""
-    merge_load(node, now, count)
+    without a probe's effect on health (a lease count is no liveness observation). ``mark``,
+    taken before the count was read, takes off this process's requests that ended since."""
+    merge_load(node, now, count, mark)
 
 
 _SCRIPTS = {name: getattr(scripts, name) for name in ("ACQUIRE", "RELEASE", "RENEW", "LOADS")}
@@ -250,12 +251,13 @@ class Hub:
         """Take a lease on ``key`` if fewer than ``capacity`` are held (True when down)."""
         if self._down:
             return self._hold(key, lease_id)
+        mark = node.fleet.load_mark(node)
         try:
             count = int(self._execute(("EVALSHA", _SHA["ACQUIRE"], 1, key, lease_id, capacity,
                                        self.settings.lease_ttl_ms))[0])
         except Exception as exc:
             return self._acquire_failed(exc, key, lease_id)
-        return self._granted(node, key, lease_id, count)
+        return self._granted(node, key, lease_id, count, mark)
 
     def _connection(self, timeout: float | None = None) -> Any:
         """This thread's own connection (socket timeout: the acquire timeout, or ``timeout``).
@@ -357,13 +359,14 @@ class Hub:
         self.failed(exc, key)
         return self._hold(key, lease_id)
 
-    def _granted(self, node: NodeState, key: str, lease_id: str, count: int) -> bool:
+    def _granted(self, node: NodeState, key: str, lease_id: str, count: int,
+                 mark: LoadMark) -> bool:
         self._timeouts = 0
         self._capacity[key] = node.max_concurrency + node.max_queue
         if count < 0:
             return False
         self._hold(key, lease_id)
-        report_load(node, count, time.monotonic())
+        report_load(node, count, time.monotonic(), mark)
         return True
 
     def _hold(self, key: str, lease_id: str) -> bool:
@@ -560,6 +563,7 @@ class Hub:
         for ledger in ledgers:
             keys.update(dict.fromkeys(ledger.keys.values()))
         order = list(keys)
+        marks = {node: node.fleet.load_mark(node) for ledger in ledgers for node in ledger.keys}
         counts = self._execute(("EVALSHA", _SHA["LOADS"], len(order), *order),
                                timeout=BACKGROUND_TIMEOUT_S)[0]
         by_key = dict(zip(order, counts, strict=True))
@@ -568,7 +572,7 @@ class Hub:
             for node, key in ledger.keys.items():
                 count = int(by_key[key])
                 if count >= 0:  # -1: not a sorted set (see LOADS)
-                    report_load(node, count, now)
+                    report_load(node, count, now, marks[node])
 
     # --- the listener ----------------------------------------------------------------------------
 
