@@ -260,7 +260,8 @@ class ExternalLoad:
 
     def hold(self, url: str, count: int) -> None:
         async def one() -> None:
-            body = {"model": MODEL, "messages": MSGS, "stream": True, "max_tokens": 100000,
+            # a minute of tokens at the nodes' 50 per second: longer than any test holds it
+            body = {"model": MODEL, "messages": MSGS, "stream": True, "max_tokens": 3000,
                     "ignore_eos": True}
             async with self.http.stream("POST", url + "/v1/chat/completions", json=body) as r:
                 async for _ in r.aiter_bytes():

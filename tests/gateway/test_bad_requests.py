@@ -145,7 +145,7 @@ def test_a_body_nested_too_deeply_to_parse_is_a_400(gw: GatewayServer, body: byt
 def test_an_answer_that_cannot_be_written_as_json_is_an_openai_shaped_500(
         gw: GatewayServer, monkeypatch: pytest.MonkeyPatch) -> None:
     """A node answering with text that is not valid Unicode (a lone surrogate, escaped)."""
-    monkeypatch.setattr("zml.sim.protocol.synth_tokens", lambda rng, n: ["\ud800"] * n)
+    monkeypatch.setattr("zml.sim.planning.synth_tokens", lambda rng, n: ["\ud800"] * n)
     r = post(gw, {"model": MODEL, "messages": MSGS, "max_tokens": 2})
     assert r.status_code == 500
     assert r.headers["content-type"] == "application/json"

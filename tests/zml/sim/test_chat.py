@@ -311,3 +311,58 @@ async def test_reply_json_is_plain_json(make_node, client_for, chat):
     client = client_for(make_node())
     r = await chat(client)
     assert json.loads(r.content) == r.json()
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"max_tokens": 10**9, "ignore_eos": True}, "max_tokens"),
+        ({"max_tokens": 500_001, "ignore_eos": True}, "max_tokens"),
+        ({"max_tokens": 40_000, "ignore_eos": True, "n": 16}, "max_tokens"),
+        ({"max_tokens": 30_000, "ignore_eos": True, "logprobs": True, "top_logprobs": 20},
+         "max_tokens"),
+        ({"min_tokens": 10**9}, "min_tokens"),
+        ({"min_tokens": 9, "max_tokens": 8}, "min_tokens"),
+    ],
+)
+async def test_a_reply_too_large_to_plan_is_400_at_once(make_node, client_for, chat, body, param):
+    """A reply is planned whole before its first token, on the loop every node of a process
+    shares: `max_tokens=10**9` with `ignore_eos` built a billion tokens (minutes, and memory
+    to match) before it was refused for the KV cache; `min_tokens` had no bound at all."""
+    node = make_node()
+    r = await chat(client_for(node), **body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param
+    assert "lower max_tokens, min_tokens, n or top_logprobs" in error["message"] or (
+        error["message"] == "min_tokens must be less than or equal to max_tokens=8, got 9.")
+    assert node.stats.rejected_total == 1
+
+
+async def test_the_largest_reply_is_planned_off_the_event_loop(
+    make_node, client_for, chat, monkeypatch: pytest.MonkeyPatch
+):
+    """So that the other nodes of the process (their /health, their requests) are answered
+    while it is built."""
+    import threading
+
+    from zml.sim import node as node_module
+    from zml.sim.protocol import MAX_REPLY_UNITS
+
+    planned_on: list[str] = []
+    real = node_module.plan_reply
+
+    def plan(request):
+        planned_on.append(threading.current_thread().name)
+        return real(request)
+
+    monkeypatch.setattr(node_module, "plan_reply", plan)
+    node = make_node(family="MI300X")  # a KV cache large enough for it
+    client = client_for(node)
+    r = await chat(client, max_tokens=MAX_REPLY_UNITS, ignore_eos=True)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == MAX_REPLY_UNITS
+    small = await chat(client, max_tokens=8, ignore_eos=True)
+    assert small.json()["usage"]["completion_tokens"] == 8
+    loop_thread = threading.current_thread().name
+    assert planned_on[0] != loop_thread and planned_on[1] == loop_thread

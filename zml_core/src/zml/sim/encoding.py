@@ -1,6 +1,6 @@
 """A planned reply as bytes: the `chat.completion` JSON and the SSE events of a stream.
 
-Kept apart from `zml.sim.protocol` (which decides what to answer) because this is the hot path
+Kept apart from `zml.sim.planning` (which decides what to answer) because this is the hot path
 of the benchmarks: a streamed token costs one small `json.dumps` and a few byte joins, the
 per-choice event heads being built once per reply. The layout of a stream (role chunk per
 choice, one chunk per choice and token, a finish_reason chunk per choice, the usage chunk,

@@ -36,6 +36,7 @@ import httpx2
 
 from zml.sim.metrics import CONTENT_TYPE, LoadSnapshot, MetricsExporter
 from zml.sim.model import ModelRequest, NodeEvent, NodeModel, prompt_blocks
+from zml.sim.planning import plan_reply
 from zml.sim.protocol import (
     ApiError,
     ChatRequest,
@@ -43,7 +44,7 @@ from zml.sim.protocol import (
     Plan,
     completion_body,
     parse_request,
-    plan_reply,
+    reply_units,
 )
 from zml.sim.spec import FaultSpec, SimNodeSpec
 from zml.validation import check_scale
@@ -56,6 +57,10 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 Headers = Sequence[tuple[bytes, bytes]]
+
+PLAN_INLINE_UNITS = 20_000
+"""Replies larger than this (:func:`zml.sim.protocol.reply_units`; about 20 ms of planning)
+are planned in a worker thread rather than on the event loop."""
 
 _JSON: Headers = ((b"content-type", b"application/json"),)
 _SSE: Headers = ((b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"))
@@ -334,7 +339,12 @@ class SimNode:
             return
         drop = _hit(rng, faults.drop_rate)
         malformed = request.stream and _hit(rng, faults.malformed_rate)
-        plan = plan_reply(request)
+        if reply_units(request) > PLAN_INLINE_UNITS:
+            # a long reply is planned off the event loop, which every simulated node of the
+            # process shares: their /health and other requests are answered meanwhile
+            plan = await asyncio.to_thread(plan_reply, request)
+        else:
+            plan = plan_reply(request)
         loop = asyncio.get_running_loop()
         self._next_key += 1
         key = self._next_key

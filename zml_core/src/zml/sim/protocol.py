@@ -1,6 +1,7 @@
-"""The OpenAI chat-completions protocol as the simulated node speaks it: validation, the reply
-plan, and the JSON / SSE encodings. Pure functions, no I/O and no clock, so the node's ASGI
-code only paces and sends what is decided here.
+"""The OpenAI chat-completions protocol as the simulated node speaks it: validation and the
+reply's data (its plan is decided by `zml.sim.planning`, its JSON / SSE encodings are in
+`zml.sim.encoding`). Pure functions, no I/O and no clock, so the node's ASGI code only paces
+and sends what is decided here.
 
 Reply rules (deterministic for a given model, messages and `seed`; "mentions", "call" and
 "quoted string" are defined in `zml.sim.cues`):
@@ -64,26 +65,15 @@ checks them: a value of the wrong type or out of range is a 400 naming the param
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import math
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zml.sim.cues import json_keys, mentioned_tools, mentions_name, mentions_word, tool_arguments
 from zml.sim.encoding import ChunkEncoder, completion_body
-from zml.sim.logprobs import MAX_TOP_LOGPROBS, content_logprobs
-from zml.sim.schemagen import SchemaGenerationError, generate_json
-from zml.sim.textgen import (
-    count_prompt_tokens,
-    json_pieces,
-    message_text,
-    request_rng,
-    synth_tokens,
-)
+from zml.sim.logprobs import MAX_TOP_LOGPROBS
 
 __all__ = [
     "ApiError",
@@ -94,13 +84,19 @@ __all__ = [
     "ToolCall",
     "completion_body",
     "parse_request",
-    "plan_reply",
+    "reply_units",
 ]
 
 MAX_CHOICES = 16
 """The most choices (`n`) one request may ask for."""
 CACHE_BLOCK_TOKENS = 16
 """The prefix cache's block size: cached prompt tokens come in whole blocks."""
+MAX_REPLY_UNITS = 500_000
+"""The most a reply may hold, planned whole before its first token: choices x content tokens
+x (1, or 2 + `top_logprobs` with `logprobs`; see :func:`reply_units`). Larger is a 400: a
+node builds the plan on the event loop every simulated node of the process shares."""
+PROSE_MAX_TOKENS = 48
+"""The longest prose a reply has without `ignore_eos` (or a larger `min_tokens`)."""
 REASONING_TOKENS: Mapping[str, int] = {"minimal": 4, "low": 8, "medium": 16, "high": 32}
 """Hidden reasoning tokens per choice, by `reasoning_effort`."""
 
@@ -356,6 +352,9 @@ def parse_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
     if max_tokens is None:
         max_tokens = _int_or_none(body, "max_tokens", 1)
     min_tokens = _int_or_none(body, "min_tokens", 0) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise _bad(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got "
+                   f"{min_tokens}.", "min_tokens")
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise _bad("ignore_eos must be a boolean", "ignore_eos")
@@ -377,7 +376,7 @@ def parse_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
     elif not isinstance(parallel_tool_calls, bool):
         raise _bad("parallel_tool_calls must be a boolean", "parallel_tool_calls")
     response_format = _parse_response_format(body.get("response_format"))
-    return ChatRequest(
+    request = ChatRequest(
         model=model,
         messages=messages,
         stream=stream,
@@ -396,6 +395,29 @@ def parse_request(raw: bytes, served: Sequence[str]) -> ChatRequest:
         top_logprobs=top_logprobs or 0,
         reasoning_tokens=0 if effort is None else REASONING_TOKENS[effort],
     )
+    units = reply_units(request)
+    if units > MAX_REPLY_UNITS:
+        raise _bad(
+            f"this reply would hold {units:,} tokens and logprobs entries (n x max_tokens or "
+            f"min_tokens x logprobs); a simulated node plans at most {MAX_REPLY_UNITS:,}: lower "
+            "max_tokens, min_tokens, n or top_logprobs",
+            "max_tokens" if ignore_eos and max_tokens is not None else "min_tokens")
+    return request
+
+
+def reply_units(request: ChatRequest) -> int:
+    """The most a reply to ``request`` can hold, counted for :data:`MAX_REPLY_UNITS`: its
+    choices x the content tokens of its longest possible choice x (2 + `top_logprobs` with
+    `logprobs`: the token, its entry and the alternatives; else 1). Tool calls and JSON
+    content are bounded on their own (:data:`zml.sim.schemagen.MAX_SIZE`)."""
+    if request.ignore_eos and request.max_tokens is not None:
+        longest = request.max_tokens
+    else:
+        longest = max(PROSE_MAX_TOKENS, request.min_tokens)
+        if request.max_tokens is not None:
+            longest = min(longest, request.max_tokens)
+    per_token = 2 + request.top_logprobs if request.logprobs else 1
+    return request.n * longest * per_token
 
 
 def _parse_tools(raw: Any) -> list[dict[str, Any]]:
@@ -452,152 +474,3 @@ def _parse_response_format(raw: Any) -> dict[str, Any] | None:
             raise _bad("response_format.json_schema.schema must be a JSON Schema", "response_format")
         return schema
     raise _bad("response_format.type must be text, json_object or json_schema", "response_format")
-
-
-def _mentioned_tool(tools: list[dict[str, Any]], message: Mapping[str, Any]) -> dict[str, Any] | None:
-    text = message_text(message)
-    if not text:
-        return None
-    for mentions in (mentions_name, mentions_word):
-        for tool in tools:
-            if mentions(tool["function"]["name"], text):
-                return tool
-    return None
-
-
-def _pick_tools(request: ChatRequest) -> list[dict[str, Any]]:
-    """The tools the reply calls, in call order (see the module docstring)."""
-    choice = request.tool_choice
-    last = request.messages[-1]
-    if not request.tools or choice == "none" or last.get("role") == "tool":
-        return []
-    if isinstance(choice, dict):
-        name = choice["function"]["name"]
-        return [next(t for t in request.tools if t["function"]["name"] == name)]
-    if choice != "required" and last.get("role") != "user":
-        return []
-    tool = _mentioned_tool(request.tools, last)
-    if tool is None:
-        return [request.tools[0]] if choice == "required" else []
-    if request.parallel_tool_calls and last.get("role") == "user":
-        names = [t["function"]["name"] for t in request.tools]
-        order = mentioned_tools(names, message_text(last))
-        if len(order) > 1:
-            return [request.tools[i] for i in order]
-    return [tool]
-
-
-def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            return message_text(message)
-    return ""
-
-
-def _generate(schema: Any, rng: random.Random) -> Any:
-    try:
-        return generate_json(schema, rng)
-    except SchemaGenerationError:
-        return {}
-
-
-def _structured(schema: Any, rng: random.Random) -> str:
-    return json.dumps(_generate(schema, rng), ensure_ascii=False)
-
-
-def _arguments(function: Mapping[str, Any], text: str, rng: random.Random) -> str:
-    """A tool call's arguments: generated, then overlaid with what the prompt fills."""
-    params = function.get("parameters")
-    if params is None or params is True or params == {}:
-        return "{}"
-    value = _generate(params, rng)
-    filled = tool_arguments(function["name"], params, text)
-    if filled and isinstance(value, dict):
-        order = [*params["properties"], *value]
-        merged = {**value, **filled}
-        value = {key: merged[key] for key in dict.fromkeys(order) if key in merged}
-    return json.dumps(value, ensure_ascii=False)
-
-
-def _json_object_schema(text: str) -> dict[str, Any]:
-    keys = json_keys(text)
-    if not keys:
-        return _JSON_OBJECT_SCHEMA
-    return {
-        "type": "object",
-        "properties": {key: {"type": "string", "minLength": 1} for key in keys},
-        "required": keys,
-        "additionalProperties": False,
-    }
-
-
-def _cached_tokens(request: ChatRequest) -> int:
-    """The prefix-cache hit: the earlier messages' prompt tokens, in whole blocks."""
-    earlier = count_prompt_tokens(request.messages[:-1])
-    return earlier // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS
-
-
-def plan_reply(request: ChatRequest) -> Plan:
-    """Decide the complete reply to a validated request (see the module docstring)."""
-    choices = []
-    for choice in range(request.n):
-        rng = request_rng(request.model, request.messages, request.seed, choice)
-        reply = _plan_choice(request, rng)
-        if request.logprobs:
-            entries = content_logprobs(reply.pieces, request.top_logprobs, random.Random(rng.getrandbits(64)))
-            reply = dataclasses.replace(reply, logprobs=entries)
-        choices.append(reply)
-    prompt_tokens = count_prompt_tokens(request.messages, request.tools or None)
-    return Plan(request.model, prompt_tokens, tuple(choices), min(prompt_tokens, _cached_tokens(request)))
-
-
-def _plan_choice(request: ChatRequest, rng: random.Random) -> Reply:
-    """One choice, drawn from `rng` (see the module docstring)."""
-    tools = _pick_tools(request)
-    if tools:
-        text = _last_user_text(request.messages)
-        calls: list[ToolCall] = []
-        for tool in tools:
-            function = tool["function"]
-            arguments = _arguments(function, text, rng)
-            call_id = f"call_{rng.getrandbits(96):024x}"
-            calls.append(ToolCall(call_id, function["name"], arguments, tuple(json_pieces(arguments))))
-        return Reply([], tuple(calls), "tool_calls", reasoning_tokens=request.reasoning_tokens)
-    cap = request.max_tokens
-    schema = request.response_format
-    if schema is _JSON_OBJECT_SCHEMA:  # json_object: the keys the prompt names, if any
-        schema = _json_object_schema(_last_user_text(request.messages))
-    if schema is not None:
-        pieces = json_pieces(_structured(schema, rng))
-    elif request.ignore_eos and cap is not None:
-        pieces = synth_tokens(rng, cap + 1)
-    else:
-        pieces = synth_tokens(rng, max(rng.randint(16, 48), request.min_tokens))
-    finish = "stop"
-    if cap is not None and len(pieces) > cap:
-        pieces = pieces[:cap]
-        finish = "length"
-    if request.stop:
-        pieces, cut = _apply_stop(pieces, request.stop)
-        if cut:
-            finish = "stop"
-    return Reply(pieces, (), finish, reasoning_tokens=request.reasoning_tokens)
-
-
-def _apply_stop(pieces: list[str], stops: tuple[str, ...]) -> tuple[list[str], bool]:
-    text = "".join(pieces)
-    found = [i for i in (text.find(s) for s in stops) if i >= 0]
-    if not found:
-        return pieces, False
-    end = min(found)
-    out: list[str] = []
-    used = 0
-    for piece in pieces:
-        if used + len(piece) <= end:
-            out.append(piece)
-            used += len(piece)
-            continue
-        if end > used:
-            out.append(piece[: end - used])
-        break
-    return out, True
