@@ -347,19 +347,18 @@ def test_a_request_that_ends_while_the_report_is_on_its_way_is_not_counted(
     assert (v.in_flight, v.reported_load, v.load) == (0, 0, 0)
 
 
-def test_a_report_is_corrected_only_for_the_requests_it_may_have_counted(fleet: Fleet) -> None:
+def test_a_report_errs_low_for_the_requests_it_may_have_counted(fleet: Fleet) -> None:
     v = fleet.node("v")
     now = time.monotonic()
     long = fleet.reserve(v, now)
     mark = fleet.load_mark(v)  # the probe asks: one request of ours is in flight
-    short = fleet.reserve(v, now)  # ... one more starts and ends before the report arrives
-    fleet.release(short)
+    short = fleet.reserve(v, now)  # one more starts, the node counts it, and it ends...
+    fleet.release(short)  # ... before the report arrives: it is gone from the report
     fleet.record_probe(v, now, healthy=True, reported_load=3, mark=mark)
-    # the correction errs low by at most the requests of the mark, never below our own
     assert (v.in_flight, v.reported_load, v.load) == (1, 2, 2)
-    fleet.release(long)  # counted in the report: it goes from the report when it ends
+    fleet.release(long)  # in flight when the report came: it may be in it, it goes
     assert (v.in_flight, v.reported_load, v.load) == (0, 1, 1)
-    later = fleet.reserve(v, time.monotonic())  # not in the report
+    later = fleet.reserve(v, time.monotonic())  # started after the report: not in it
     fleet.release(later)
     assert (v.reported_load, v.load) == (1, 1)
 

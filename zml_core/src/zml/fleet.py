@@ -197,14 +197,10 @@ class Fleet:
                       mark: LoadMark | None) -> bool:
         """Take a load report (call with the lock held); True if the node's load went down."""
         before = node.load
-        reported_at = now
-        if mark is not None:
-            reported_at = mark.at
-            if reported_load is not None:
-                ended = min(node.released - mark.released, mark.in_flight)
-                reported_load = max(0, reported_load - ended)
+        if mark is not None and reported_load is not None:
+            reported_load = max(0, reported_load - (node.released - mark.released))
         node.reported_load = reported_load
-        node.reported_at = reported_at
+        node.reported_at = now
         node._update_load()
         self._touch(node)
         return node.load < before
@@ -452,8 +448,7 @@ class Fleet:
 
     def load_mark(self, node: NodeState) -> LoadMark:
         """Mark this client's requests on ``node`` now, just before a probe reads its load."""
-        with self.lock:
-            return LoadMark(time.monotonic(), node.in_flight, node.released)
+        return LoadMark(node.released)
 
     def record_probe(
         self, node: NodeState, now: float, *, healthy: bool, reported_load: int | None,
@@ -461,11 +456,12 @@ class Fleet:
     ) -> None:
         """An active probe's result: liveness feeds health; reported load merges into ``load``.
 
-        With the probe's ``mark``, the report is taken as of the mark, less this client's
-        requests that ended since: those it may have counted (in flight at the mark) are gone,
-        and a release no longer corrects a report that arrived after it. (Requests both started
-        and ended since the mark count too, so the correction errs towards a lower load, by
-        at most the requests of the mark.)"""
+        With the probe's ``mark``, the report is taken less this client's requests that ended
+        since the mark: the node may have counted them, and a release made before the report
+        arrived cannot take itself off it. As when a request in flight now ends (see
+        :meth:`release`), a request is taken to be in the report when it may be, so a report
+        errs towards a lower load, never towards holding a node full for a request that is
+        gone."""
         with self.lock:
             freed = self._merge_report(node, now, reported_load, mark)
             if healthy:

@@ -133,18 +133,12 @@ class NodeState:
 
 
 class LoadMark(NamedTuple):
-    """This client's requests on a node at the moment a probe asked the node for its load
-    (:meth:`Fleet.load_mark`), so that the report can be corrected for those that ended
-    before it arrived (see :meth:`Fleet.record_probe`)."""
+    """How many of this client's requests on a node had ended when a probe asked the node for
+    its load (:meth:`zml.fleet.Fleet.load_mark`), so that the report can be taken less those
+    that end before it arrives (see :meth:`zml.fleet.Fleet.record_probe`)."""
 
-    at: float
-    """When the probe asked (``time.monotonic()``)."""
-    in_flight: int
-    """This client's requests on the node then."""
     released: int
     """``NodeState.released`` then."""
-
-
 
 
 _DEFAULT_PORTS = MappingProxyType({"http": 80, "https": 443})
