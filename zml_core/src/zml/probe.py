@@ -51,8 +51,8 @@ class ProbeResult:
     waiting: int | None = None
     error: str | None = None
     mark: LoadMark | None = field(default=None, compare=False)
-    """The client's requests on the node when ``/metrics`` was asked (see
-    :meth:`zml.fleet.Fleet.record_probe`)."""
+    """How many of the client's requests on the node had ended when ``/metrics`` was asked
+    (see :meth:`zml.fleet.Fleet.record_probe`)."""
 
     @property
     def load(self) -> int | None:

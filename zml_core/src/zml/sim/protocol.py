@@ -94,7 +94,7 @@ CACHE_BLOCK_TOKENS = 16
 MAX_REPLY_UNITS = 500_000
 """The most a reply may hold, planned whole before its first token: choices x content tokens
 x (1, or 2 + `top_logprobs` with `logprobs`; see :func:`reply_units`). Larger is a 400: a
-node builds the plan on the event loop every simulated node of the process shares."""
+plan is built in CPU time and held in memory whole (500,000 tokens: about 0.5 s, 40 MB)."""
 PROSE_MAX_TOKENS = 48
 """The longest prose a reply has without `ignore_eos` (or a larger `min_tokens`)."""
 REASONING_TOKENS: Mapping[str, int] = {"minimal": 4, "low": 8, "medium": 16, "high": 32}
