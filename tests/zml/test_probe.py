@@ -358,7 +358,7 @@ def test_a_report_errs_low_for_the_requests_it_may_have_counted(fleet: Fleet) ->
     assert (v.in_flight, v.reported_load, v.load) == (1, 2, 2)
     fleet.release(long)  # in flight when the report came: it may be in it, it goes
     assert (v.in_flight, v.reported_load, v.load) == (0, 1, 1)
-    later = fleet.reserve(v, time.monotonic())  # started after the report: not in it
+    later = fleet.reserve(v, now + 1.0)  # started after the report: not in it
     fleet.release(later)
     assert (v.reported_load, v.load) == (1, 1)
 
